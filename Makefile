@@ -1,0 +1,47 @@
+# One entry point for set-up, the demo, the server and the tests.  Every target
+# creates what it needs first, so `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+HOME_DIR ?= var
+PORT   ?= 8000
+DATASET ?= data/scifact
+COLLECTION ?= scifact
+export ADAWIDTH_HOME := $(abspath $(HOME_DIR))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: env encoder index demo serve test test-fast clean
+
+# torch is pinned and installed first: an unpinned torch pulled in by
+# sentence-transformers would be a multi-GB CUDA build.
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[train,dev]'
+	touch $@
+
+env: $(BIN)/.installed
+
+encoder: env
+	$(BIN)/python -m trainer export-encoder
+
+$(HOME_DIR)/indexes/$(COLLECTION)/LIVE: | encoder
+	$(BIN)/python -m trainer build --dataset $(DATASET) --collection $(COLLECTION)
+
+index: $(HOME_DIR)/indexes/$(COLLECTION)/LIVE
+
+demo: index
+	$(BIN)/python bench/demo.py --home $(HOME_DIR) --collection $(COLLECTION) --dataset $(DATASET)
+
+serve: index
+	ADAWIDTH_COLLECTION=$(COLLECTION) $(BIN)/python -m service --port $(PORT)
+
+test: encoder
+	$(BIN)/python -m pytest tests
+
+test-fast: env
+	$(BIN)/python -m pytest tests/unit
+
+clean:
+	rm -rf $(HOME_DIR)/indexes

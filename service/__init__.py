@@ -1,0 +1,1 @@
+"""The gateway process: FastAPI + uvicorn serving adaptive-width search over index versions."""

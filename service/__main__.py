@@ -1,0 +1,41 @@
+"""Run the gateway: ``python -m service`` (settings from ``ADAWIDTH_*`` env vars and flags)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    # one BLAS thread per request: the gateway's matrix work is a few small
+    # products per query, and a multi-threaded BLAS fights the encoder for cores
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import uvicorn
+
+    from service.app import create_app
+    from service.config import GatewaySettings
+
+    parser = argparse.ArgumentParser(prog="service", description="adawidth search gateway")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--collection")
+    parser.add_argument("--version", dest="index_version")
+    parser.add_argument("--home")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "collection": args.collection,
+                                   "version": args.index_version, "home": args.home}.items() if v is not None}
+    settings = GatewaySettings(**overrides).resolved()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    import faiss
+
+    faiss.omp_set_num_threads(settings.faiss_threads)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

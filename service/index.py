@@ -1,0 +1,191 @@
+"""A loaded, verified, immutable index version and its query path.
+
+:meth:`IndexVersion.load` verifies the manifest's checksums and the encoder
+and dimension it was built with before reading anything else; documents are
+memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through
+stage 1 (faiss) and :func:`adawidth.funnel.resolve`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from adawidth import artifact
+from adawidth.funnel import Resolution, resolve
+from adawidth.prefix import prefix_normalize, top_k
+from adawidth.router import threshold_for_rate
+
+
+@dataclass
+class Router:
+    """LightGBM gain regressor of one action pair with its calibration predictions."""
+
+    pair: tuple[int, int]
+    booster: object
+    calibration: np.ndarray
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _thresholds: dict = field(default_factory=dict)
+
+    def predict(self, features: np.ndarray) -> float:
+        with self.lock:
+            return float(self.booster.predict(features[None, :])[0])
+
+    def threshold(self, rho: float) -> float:
+        """Threshold escalating a fraction ``rho`` of calibration queries (cached per ρ)."""
+        if rho not in self._thresholds:
+            self._thresholds[rho] = threshold_for_rate(self.calibration, rho)
+        return self._thresholds[rho]
+
+
+@dataclass
+class SearchOutcome:
+    """Rows, scores and trace fields of one served query."""
+
+    ids: list[str]
+    scores: list[float]
+    width: int
+    escalated: bool
+    router_score: float | None
+    coordinates_scored: int
+    timings_seconds: dict[str, float]
+
+
+class IndexVersion:
+    """One immutable, loaded version (see :mod:`adawidth.artifact` for the files)."""
+
+    def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
+                 doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict):
+        self.path, self.manifest = path, manifest
+        self.version: str = manifest["version"]
+        self.collection: str = manifest["collection"]
+        self.rotation = rotation
+        self.docs = docs
+        self.doc_sqnorm_m0 = doc_sqnorm_m0
+        self.doc_ids = doc_ids
+        self.stage1_index = stage1_index
+        self.routers: dict[tuple[int, int], Router] = routers
+        self.m0: int = manifest["m0"]
+        self.shortlist: int = manifest["shortlist"]
+        self.dimension: int = manifest["dimension"]
+        self.theta: float = manifest.get("theta", 0.05)
+        r = manifest.get("router") or {}
+        self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
+        self.default_rho: float = r.get("default_rho", 0.2)
+
+    @property
+    def size(self) -> int:
+        return len(self.doc_ids)
+
+    @classmethod
+    def load(cls, path: Path | str, *, encoder_sha256: str | None = None, dimension: int | None = None) -> "IndexVersion":
+        """Verify and load a version directory.
+
+        Raises:
+            adawidth.artifact.IndexVersionError: missing manifest, bad checksum,
+                encoder or dimension mismatch.
+        """
+        import faiss
+        import lightgbm as lgb
+
+        path = Path(path)
+        manifest = artifact.verify_version(path, encoder_sha256=encoder_sha256, dimension=dimension)
+        docs = np.load(path / "docs.npy", mmap_mode="r")
+        doc_ids = json.loads((path / "doc_ids.json").read_text(encoding="utf-8"))
+        if docs.shape != (len(doc_ids), manifest["dimension"]):
+            raise artifact.IndexVersionError("dimension_mismatch", f"docs.npy has shape {docs.shape}")
+        routers = {}
+        for meta in (manifest.get("router") or {}).get("pairs", {}).values():
+            pair = tuple(meta["action_pair"])
+            booster = lgb.Booster(model_file=str(path / meta["file"]))
+            if booster.feature_name() != manifest["router"]["feature_names"]:
+                raise artifact.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
+            routers[pair] = Router(pair, booster, np.asarray(meta["calibration_predictions"], dtype=np.float64))
+        return cls(path, manifest, np.load(path / "rotation.npy"), docs,
+                   np.load(path / "doc_sqnorm_m0.npy"), doc_ids, faiss.read_index(str(path / "stage1.faiss")), routers)
+
+    def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
+        """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""
+        return (self.rotation[:width] @ embedding).astype(np.float32)
+
+    def search(self, embedding: np.ndarray, k: int, width: int | str, *, rho: float | None = None,
+               pair: tuple[int, int] | None = None) -> SearchOutcome:
+        """Serve one encoded query.
+
+        Args:
+            embedding: the encoder's unit-norm query embedding, (D,) float32.
+            k: results wanted (the shortlist grows to k when k exceeds it).
+            width: "auto" (routed), "full" (exact search at D over the whole
+                corpus: the frozen encoder's ranking), or an int in [1, D]
+                (stage 1 at m0, shortlist rescored at that width).
+            rho: target escalation fraction for "auto" (default: the version's).
+            pair: action pair for "auto" (default: the version's).
+
+        Returns:
+            :class:`SearchOutcome` with ids best first (at most min(k, N)).
+
+        Raises:
+            ValueError: for a width outside [1, D], or "auto" on a version without a router.
+        """
+        t = {}
+        t0 = time.perf_counter()
+        if width == "full":
+            q = self.rotate(embedding, self.dimension)
+            t["rotate"] = time.perf_counter() - t0
+            s = time.perf_counter()
+            scores = np.asarray(self.docs @ q, dtype=np.float64)
+            rows = top_k(scores, k)
+            t["stage1"] = time.perf_counter() - s
+            res = Resolution(rows, scores[rows], self.dimension, False, None, self.size * self.dimension)
+        else:
+            if width == "auto":
+                pair = pair or self.default_pair
+                if pair is None or pair not in self.routers:
+                    raise ValueError(f"this version has no router for action pair {pair}")
+                router = self.routers[pair]
+                needed = pair[1]
+            else:
+                if not 1 <= int(width) <= self.dimension:
+                    raise ValueError(f"width {width} outside [1, {self.dimension}]")
+                router, needed = None, int(width)
+            q = self.rotate(embedding, max(needed, self.m0))
+            t["rotate"] = time.perf_counter() - t0
+            s = time.perf_counter()
+            size = min(max(self.shortlist, k), self.size)
+            qp = prefix_normalize(q[None, :], self.m0)
+            cos, rows = self.stage1_index.search(qp, size)
+            keep = rows[0] >= 0
+            rows, cos = rows[0][keep].astype(np.int64), cos[0][keep]
+            t["stage1"] = time.perf_counter() - s
+            s = time.perf_counter()
+            if router is not None:
+                res = resolve(q, self.docs, self.doc_sqnorm_m0, rows, cos, m0=self.m0, k=k, width=None,
+                              action_pair=pair, predict_gain=router.predict,
+                              threshold=router.threshold(self.default_rho if rho is None else rho), theta=self.theta)
+            else:
+                res = resolve(q, self.docs, self.doc_sqnorm_m0, rows, cos, m0=self.m0, k=k, width=int(width))
+            t["route_and_rescore"] = time.perf_counter() - s
+        return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
+                             res.escalated, res.router_score, res.coordinates_scored, t)
+
+
+def resolve_version_path(index_root: Path, collection: str, version: str | None) -> Path:
+    """The directory of ``version``, or of the collection's LIVE version when None.
+
+    Raises:
+        adawidth.artifact.IndexVersionError: ``missing`` when there is no such version or no LIVE pointer.
+    """
+    coll = Path(index_root) / collection
+    version = version or artifact.read_live_pointer(coll)
+    if version is None:
+        raise artifact.IndexVersionError("missing", f"collection {collection!r} under {index_root} has no live version "
+                                                    f"(build one: python -m trainer build --dataset ...)")
+    path = coll / version
+    if not path.is_dir():
+        raise artifact.IndexVersionError("missing", f"no version {version!r} in {coll}")
+    return path

@@ -1,0 +1,40 @@
+"""Prometheus metrics of the gateway, on an injected registry (never the global default).
+
+Units are in the names (``_seconds``, ``_total``); labels are bounded: route
+templates (unmatched paths share ``route="unmatched"``), status classes and
+fixed stage names.  No query text, document id or version string is a label
+value except the live version's info gauge.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+WIDTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384)
+STAGES = ("encode", "rotate", "stage1", "route_and_rescore", "total")
+
+
+class GatewayMetrics:
+    """All gateway series, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self.http_requests = Counter("adawidth_http_requests_total", "HTTP requests by route template and status.",
+                                     ["route", "method", "status"], registry=registry)
+        self.http_latency = Histogram("adawidth_http_request_duration_seconds", "HTTP request latency by route template.",
+                                      ["route"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stage_latency = Histogram("adawidth_search_stage_duration_seconds", "Search latency per stage.",
+                                       ["stage"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.width = Histogram("adawidth_search_width_coordinates", "Prefix width a query was resolved at.",
+                               ["policy"], buckets=WIDTH_BUCKETS, registry=registry)
+        self.coordinates = Histogram("adawidth_search_work_multiply_adds", "Multiply-adds a query cost (stage 1 + rescoring).",
+                                     buckets=tuple(10.0 ** e for e in range(4, 11)), registry=registry)
+        self.escalations = Counter("adawidth_escalations_total", "Queries the router escalated to the high width.",
+                                   registry=registry)
+        self.routed = Counter("adawidth_routed_queries_total", "Queries served with width 'auto'.", registry=registry)
+        self.errors = Counter("adawidth_errors_total", "Client errors by machine-readable code.", ["code"],
+                              registry=registry)
+        self.live_version = Gauge("adawidth_live_version_info", "1 for the version this replica serves.",
+                                  ["collection", "version"], registry=registry)
+        self.index_documents = Gauge("adawidth_index_documents", "Documents in the live version.", registry=registry)

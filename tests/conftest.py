@@ -1,0 +1,107 @@
+"""Shared fixtures: the ONNX encoder, a full SciFact index built once per session, a live gateway process.
+
+The SciFact index is built by the real trainer into a temporary home; the
+embedding cache (``var/cache/embeddings.sqlite`` of the checkout) is shared with
+``make demo`` so the corpus is encoded at most once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCIFACT = ROOT / "data" / "scifact"
+VAR = ROOT / "var"
+
+
+@pytest.fixture(scope="session")
+def encoder_dir() -> Path:
+    from trainer.export_onnx import export_encoder
+
+    return export_encoder(VAR / "models" / "minilm-onnx")
+
+
+@pytest.fixture(scope="session")
+def encoder(encoder_dir):
+    from service.encoder import OnnxEncoder
+
+    return OnnxEncoder(encoder_dir, threads=2)
+
+
+@pytest.fixture(scope="session")
+def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
+    """A home folder with a live SciFact index built by the trainer (adapter + routers)."""
+    from trainer.build import BuildOptions, build_index
+    from trainer.config import TrainerSettings
+
+    home = tmp_path_factory.mktemp("home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    build_index(BuildOptions(dataset=SCIFACT), settings, encoder)
+    (home / "models").mkdir(exist_ok=True)
+    os.symlink(encoder_dir, home / "models" / "minilm-onnx")
+    return home
+
+
+@pytest.fixture(scope="session")
+def scifact_version(scifact_home):
+    from adawidth import artifact
+
+    coll = scifact_home / "indexes" / "scifact"
+    return coll / artifact.read_live_pointer(coll)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gateway_url(scifact_home):
+    """A real gateway process (uvicorn) serving the session's SciFact index."""
+    port = free_port()
+    env = dict(os.environ, ADAWIDTH_HOME=str(scifact_home), ADAWIDTH_PORT=str(port), ADAWIDTH_COLLECTION="scifact")
+    log = open(scifact_home / "gateway.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited: {(scifact_home / 'gateway.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise TimeoutError("gateway not ready in 120 s")
+        time.sleep(0.3)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def app_client(scifact_home):
+    """An in-process TestClient over the same index (lifespan runs, so the index is loaded)."""
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from service.app import create_app
+    from service.config import GatewaySettings
+
+    app = create_app(GatewaySettings(home=scifact_home, collection="scifact"), CollectorRegistry())
+    with TestClient(app) as client:
+        yield client

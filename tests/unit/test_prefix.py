@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+
+from adawidth.funnel import exact_stage1, exact_stage1_batch, resolve
+from adawidth.prefix import (PartialScores, exact_prefix_search, partial_scores_from_cosines, prefix_normalize,
+                             top_k)
+
+
+def _data(seed=0, n=200, d=32):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    q = rng.standard_normal(d).astype(np.float32)
+    return X, q / np.linalg.norm(q)
+
+
+def test_extend_reuses_partial_sums_and_equals_direct_cosine():
+    X, q = _data()
+    cand = np.arange(50)
+    m0 = 8
+    cos0 = prefix_normalize(X[cand], m0) @ prefix_normalize(q[None], m0)[0]
+    p0 = partial_scores_from_cosines(cand, cos0, q, np.einsum("ij,ij->i", X[:, :m0], X[:, :m0]), m0)
+    assert np.allclose(p0.cosine(), cos0, atol=1e-6)
+    for m in (8, 9, 16, 32):
+        direct = prefix_normalize(X[cand], m) @ prefix_normalize(q[None], m)[0]
+        assert np.allclose(p0.extend(q, X, m).cosine(), direct, atol=1e-5)
+    p16 = p0.extend(q, X, 16)
+    assert np.allclose(p16.extend(q, X, 32).cosine(), p0.extend(q, X, 32).cosine(), atol=1e-12)
+    with pytest.raises(ValueError):
+        p16.extend(q, X, 8)
+    with pytest.raises(ValueError):
+        p16.extend(q, X, 33)
+
+
+def test_top_k_order_and_ties():
+    s = np.array([0.1, 0.5, 0.5, 0.9, -1.0])
+    assert top_k(s, 3).tolist() == [3, 1, 2]
+    assert top_k(s, 10).tolist() == [3, 1, 2, 0, 4]
+    assert top_k(s, 0).size == 0
+
+
+def test_exact_stage1_batch_matches_single():
+    X, _ = _data(1)
+    rng = np.random.default_rng(2)
+    Q = rng.standard_normal((7, 32)).astype(np.float32)
+    Xp = prefix_normalize(X, 8)
+    rows, sc = exact_stage1_batch(Q, Xp, 8, 20)
+    for i in range(7):
+        r, s = exact_stage1(Q[i], Xp, 8, 20)
+        assert rows[i].tolist() == r.tolist()
+        assert np.allclose(sc[i], s)
+
+
+def test_resolve_at_full_width_over_all_docs_equals_exact_search():
+    X, q = _data(3)
+    D = X.shape[1]
+    m0 = 8
+    Xp = prefix_normalize(X, m0)
+    rows, sc = exact_stage1(q, Xp, m0, X.shape[0])  # shortlist = whole corpus
+    res = resolve(q, X, np.einsum("ij,ij->i", X[:, :m0], X[:, :m0]), rows, sc, m0=m0, k=10, width=D)
+    assert res.rows.tolist() == exact_prefix_search(q[None], X, D, 10)[0].tolist()
+    assert res.coordinates_scored == X.shape[0] * m0 + X.shape[0] * (D - m0)
+    narrow = resolve(q, X, np.einsum("ij,ij->i", X[:, :m0], X[:, :m0]), rows, sc, m0=m0, k=10, width=4)
+    assert narrow.rows.tolist() == exact_prefix_search(q[None], X, 4, 10)[0].tolist()
+
+
+def test_resolve_auto_escalates_by_threshold():
+    X, q = _data(4)
+    m0 = 8
+    sq = np.einsum("ij,ij->i", X[:, :m0], X[:, :m0])
+    rows, sc = exact_stage1(q, prefix_normalize(X, m0), m0, 100)
+    hi = resolve(q, X, sq, rows, sc, m0=m0, k=5, width=None, action_pair=(8, 16), predict_gain=lambda f: 0.3,
+                 threshold=0.1)
+    lo = resolve(q, X, sq, rows, sc, m0=m0, k=5, width=None, action_pair=(8, 16), predict_gain=lambda f: 0.0,
+                 threshold=0.1)
+    assert (hi.width, hi.escalated, hi.router_score) == (16, True, 0.3)
+    assert (lo.width, lo.escalated) == (8, False)
+    with pytest.raises(ValueError):
+        resolve(q, X, sq, rows, sc, m0=m0, k=5, width=None)
+    with pytest.raises(ValueError):
+        resolve(q, X, sq, rows, sc, m0=m0, k=5, width=33)
+
+
+def test_partial_scores_is_not_mutated():
+    X, q = _data(5)
+    p = PartialScores(np.arange(3), np.zeros(3), np.zeros(3), 0.0, 0)
+    p.extend(q, X, 4)
+    assert p.width == 0 and np.all(p.dot == 0)

@@ -1,0 +1,114 @@
+"""Command line of the trainer: ``python -m trainer <command>``.
+
+Commands:
+  export-encoder   export all-MiniLM-L6-v2 to ONNX once (cached)
+  build            build an index version of a BEIR folder (and make it live)
+  list             list the versions of a collection, marking the live one
+  publish          make an existing version live (the file registry's pointer)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from adawidth import artifact
+from adawidth.beir import DatasetFormatError
+from trainer.config import TrainerSettings
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected 'l,h', got {text!r}") from e
+    return low, high
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--home", type=Path, help="working folder (env ADAWIDTH_HOME, default var)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("export-encoder", help="export the ONNX encoder (no-op when present)")
+
+    b = sub.add_parser("build", help="build an index version of a BEIR folder")
+    b.add_argument("--dataset", type=Path, required=True, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    b.add_argument("--collection", help="collection name (default: folder name)")
+    b.add_argument("--train-split", default="train", help="qrels split for adapter and router training")
+    b.add_argument("--eval-split", default="test", help="qrels split for the offline evaluation")
+    b.add_argument("--rotation", default="adapter", choices=["adapter", "adapter_on_pca", "pca", "identity"])
+    b.add_argument("--m0", type=int, default=64, help="stage-1 width in coordinates")
+    b.add_argument("--shortlist", type=int, default=500, help="stage-1 shortlist size")
+    b.add_argument("--pairs", type=_pair, nargs="+", default=[(64, 128), (64, 256), (128, 256)],
+                   help="router action pairs l,h")
+    b.add_argument("--default-pair", type=_pair, default=(64, 128))
+    b.add_argument("--epochs", type=int, help="adapter epochs (default 100)")
+    b.add_argument("--learning-rate", type=float, help="adapter AdamW learning rate (default 1e-2)")
+    b.add_argument("--router-crossfit-folds", type=int, default=4,
+                   help="train the router on queries ranked by adapters that did not see them (0: off)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--no-publish", action="store_true", help="write the version but do not make it live")
+
+    ls = sub.add_parser("list", help="list versions of a collection")
+    ls.add_argument("collection")
+
+    pub = sub.add_parser("publish", help="make a version live")
+    pub.add_argument("collection")
+    pub.add_argument("version")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = TrainerSettings(**({"home": args.home} if args.home else {})).resolved()
+
+    if args.command == "export-encoder":
+        from trainer.export_onnx import export_encoder
+
+        print(export_encoder(settings.encoder_dir))
+        return 0
+    if args.command == "build":
+        from service.encoder import OnnxEncoder
+        from trainer.build import BuildOptions, build_index
+        from trainer.export_onnx import export_encoder
+
+        export_encoder(settings.encoder_dir)
+        encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
+        adapter = {k: v for k, v in {"epochs": args.epochs, "learning_rate": args.learning_rate}.items() if v is not None}
+        opts = BuildOptions(dataset=args.dataset, collection=args.collection, train_split=args.train_split,
+                            eval_split=args.eval_split, rotation=args.rotation, m0=args.m0, shortlist=args.shortlist,
+                            action_pairs=tuple(args.pairs), default_pair=args.default_pair, seed=args.seed,
+                            publish=not args.no_publish, adapter=adapter,
+                            router_crossfit_folds=args.router_crossfit_folds)
+        try:
+            path, manifest = build_index(opts, settings, encoder)
+        except DatasetFormatError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps({"version": manifest["version"], "path": str(path), "live": not args.no_publish}))
+        return 0
+    coll_dir = Path(settings.index_root) / args.collection
+    if args.command == "list":
+        live = artifact.read_live_pointer(coll_dir)
+        for v in artifact.list_versions(coll_dir):
+            print(f"{'*' if v == live else ' '} {v}")
+        return 0
+    if args.command == "publish":
+        try:
+            artifact.verify_version(coll_dir / args.version)
+            artifact.write_live_pointer(coll_dir, args.version)
+        except artifact.IndexVersionError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{args.collection}: {args.version} is live")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Typed configuration of the trainer process; every field is also an env var ``ADAWIDTH_<NAME>``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainerSettings(BaseSettings):
+    """Built once in the CLI and passed down; nothing reads the environment at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="ADAWIDTH_", extra="ignore")
+
+    home: Path = Field(Path("var"), description="Working folder for models, caches and indexes.")
+    index_root: Path | None = Field(None, description="Root of index versions (default <home>/indexes).")
+    encoder_dir: Path | None = Field(None, description="ONNX encoder export (default <home>/models/minilm-onnx).")
+    embedding_cache: Path | None = Field(None, description="SQLite embedding cache (default <home>/cache/embeddings.sqlite).")
+    encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = all cores.")
+    encode_batch_size: int = Field(32, ge=1, description="Texts per ONNX call when encoding the corpus.")
+
+    def resolved(self) -> "TrainerSettings":
+        """A copy with every default path filled in under ``home``."""
+        return self.model_copy(update={
+            "index_root": self.index_root or self.home / "indexes",
+            "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
+            "embedding_cache": self.embedding_cache or self.home / "cache" / "embeddings.sqlite",
+        })
