@@ -1,0 +1,128 @@
+"""The HTTP contract of POST /v1/search on a real SciFact index: answers, traces, and a 4xx for bad input."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+Q = "Vitamin D deficiency is associated with multiple sclerosis."
+
+
+def post(client, body, **kw):
+    return client.post("/v1/search", content=body if isinstance(body, (bytes, str)) else json.dumps(body), **kw)
+
+
+def test_search_returns_ranked_results_and_trace(app_client):
+    r = post(app_client, {"query": Q, "k": 10})
+    assert r.status_code == 200
+    data = r.json()
+    scores = [h["score"] for h in data["results"]]
+    ids = [h["id"] for h in data["results"]]
+    assert len(ids) == 10 and len(set(ids)) == 10 and scores == sorted(scores, reverse=True)
+    t = data["trace"]
+    assert t["width"] in (64, 128) and isinstance(t["escalated"], bool) and isinstance(t["router_score"], float)
+    assert t["index_version"] and t["coordinates_scored"] >= 5183 * 64
+    assert {"encode", "rotate", "stage1", "route_and_rescore", "total"} <= set(t["timings_seconds"])
+
+
+@pytest.mark.parametrize("width", [16, 64, 100, 384, "full"])
+def test_fixed_widths(app_client, width):
+    r = post(app_client, {"query": Q, "k": 5, "width": width})
+    assert r.status_code == 200
+    t = r.json()["trace"]
+    assert t["width"] == (384 if width == "full" else width) and t["escalated"] is False and t["router_score"] is None
+
+
+def test_rho_extremes_force_the_router_decision(app_client):
+    hi = post(app_client, {"query": Q, "width": "auto", "rho": 1.0}).json()["trace"]
+    lo = post(app_client, {"query": Q, "width": "auto", "rho": 0.0}).json()["trace"]
+    assert (hi["escalated"], hi["width"]) == (True, 128)
+    assert (lo["escalated"], lo["width"]) == (False, 64)
+
+
+def test_k_beyond_shortlist_grows_it(app_client):
+    r = post(app_client, {"query": Q, "k": 1000, "width": 128})
+    assert r.status_code == 200 and len(r.json()["results"]) == 1000
+
+
+@pytest.mark.parametrize("body,status,code", [
+    ({"query": ""}, 422, "blank_query"),
+    ({"query": " \t\n "}, 422, "blank_query"),
+    ({"query": Q, "k": 0}, 422, "k_out_of_range"),
+    ({"query": Q, "k": -3}, 422, "k_out_of_range"),
+    ({"query": Q, "k": 1001}, 422, "k_out_of_range"),
+    ({"query": Q, "k": 2 ** 63}, 422, "k_out_of_range"),
+    ({"query": Q, "k": 1.5}, 422, "invalid_type"),
+    ({"query": Q, "k": "10"}, 422, "invalid_type"),
+    ({"query": Q, "k": True}, 422, "invalid_type"),
+    ({"query": Q, "width": "wide"}, 422, "unknown_width"),
+    ({"query": Q, "width": 0}, 422, "width_out_of_range"),
+    ({"query": Q, "width": 385}, 422, "width_out_of_range"),
+    ({"query": Q, "width": 2.5}, 422, "unknown_width"),
+    ({"query": Q, "rho": 1.5}, 422, "rho_out_of_range"),
+    ({"query": Q, "colour": "red"}, 422, "unknown_field"),
+    ({"k": 3}, 422, "missing_field"),
+    ({"query": 42}, 422, "invalid_type"),
+    (b'{"query": "x", ', 400, "invalid_json"),
+    (b"\xff\xfe{not utf8}", 400, "invalid_utf8"),
+    (b'{"query": "caf\xe9"}', 400, "invalid_utf8"),
+    (b"[1, 2, 3]", 422, "invalid_type"),
+    (b"", 400, "invalid_json"),
+])
+def test_bad_input_gets_4xx_with_code(app_client, body, status, code):
+    r = post(app_client, body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"]
+
+
+def test_oversized_body_and_wrong_media_type(app_client):
+    big = json.dumps({"query": "x" * 300_000})
+    r = post(app_client, big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = post(app_client, {"query": "y" * 30_000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "query_too_long"
+    r = post(app_client, "query=x", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_unicode_and_control_characters_are_answered(app_client):
+    for q in ["emoji 🧬🧪 protein", "nul \x00 byte", "\u202etext", "caf\u00e9 " * 400]:
+        assert post(app_client, {"query": q, "k": 3}).status_code == 200
+
+
+def test_unknown_path_and_method(app_client):
+    r = app_client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = app_client.get("/v1/search")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_health_ready_and_metrics(app_client):
+    assert app_client.get("/healthz").json() == {"status": "ok"}
+    ready = app_client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["documents"] == 5183
+    post(app_client, {"query": Q, "width": "auto", "rho": 1.0})
+    text = app_client.get("/metrics").text
+    for series in ("adawidth_search_stage_duration_seconds_bucket", "adawidth_search_width_coordinates_bucket",
+                   "adawidth_escalations_total", "adawidth_http_requests_total", "adawidth_live_version_info"):
+        assert series in text
+    esc = [line for line in text.splitlines() if line.startswith("adawidth_escalations_total ")]
+    assert float(esc[0].split()[1]) >= 1
+
+
+def test_unready_gateway_answers_503(tmp_path, encoder_dir):
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from service.app import create_app
+    from service.config import GatewaySettings
+
+    app = create_app(GatewaySettings(home=tmp_path, collection="nothing", encoder_dir=encoder_dir), CollectorRegistry())
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 200
+        r = client.get("/readyz")
+        assert r.status_code == 503 and "no live version" in r.json()["reason"]
+        r = post(client, {"query": Q})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
