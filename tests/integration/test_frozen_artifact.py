@@ -1,0 +1,32 @@
+"""A schema-1 index version frozen in the repository still loads and answers as it did when it was written.
+
+``tests/data/frozen/schema1-v1`` (60 SciFact documents, PCA rotation, one router) was written by the
+schema-1 writer; if a change to the loader, the funnel or the artifact format breaks old versions,
+this test fails.  Regenerating the fixture is a format change and needs a schema version bump.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adawidth.artifact import SCHEMA_VERSION, verify_version
+from service.index import IndexVersion
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_frozen_version_loads_and_answers_identically():
+    path = DATA / "frozen" / "schema1-v1"
+    manifest = verify_version(path, dimension=384)
+    assert manifest["schema_version"] == SCHEMA_VERSION == 1
+    v = IndexVersion.load(path)
+    expected = json.loads((DATA / "frozen_expected.json").read_text())
+    embeddings = np.load(DATA / "frozen_queries.npy")
+    for query, emb in zip(expected["queries"], embeddings):
+        for width, ids in expected["expected"][query].items():
+            w = int(width) if width.isdigit() else width
+            assert v.search(emb, 5, w).ids == ids, (query, width)
