@@ -300,6 +300,18 @@ def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest
     return req.model_copy(update={"k": k})
 
 
+def search_request_schema(settings: GatewaySettings) -> dict:
+    """JSON schema of the search body with this gateway's limits (what the OpenAPI document publishes)."""
+    schema = SearchRequest.model_json_schema()
+    props = schema["properties"]
+    props["query"].update(minLength=1, maxLength=settings.max_query_chars)
+    props["k"]["anyOf"][0].update(minimum=1, maximum=settings.k_max)
+    props["width"]["anyOf"][1].update(minimum=1)
+    for part in props["rho"]["anyOf"][:2]:
+        part.update(minimum=0, maximum=1)
+    return schema
+
+
 query_log = logging.getLogger("service.queries")
 
 
@@ -383,10 +395,14 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         state.metrics.errors.labels("internal_error").inc()
         return JSONResponse(ApiError("internal_error", "internal error").body(), status_code=500)
 
-    @app.post("/v1/search", response_model=SearchResponse, dependencies=[Depends(require_search_key)],
-              responses=error_responses(400, 401, 413, 415, 422, 429, 503),
+    search_key = settings.search_api_key is not None and bool(settings.search_api_key.get_secret_value())
+
+    # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
+    @app.post("/v1/search", response_model=SearchResponse,
+              dependencies=[Depends(require_search_key)] if search_key else [],
+              responses=error_responses(400, *([401] if search_key else []), 413, 415, 422, 429, 503),
               openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": SearchRequest.model_json_schema()}}}})
+                  "application/json": {"schema": search_request_schema(settings)}}}})
     async def search(request: Request):
         """Search the live index version.  See ``docs/API.md`` for the error codes."""
         deadline = time.monotonic() + settings.search_deadline_s

@@ -53,9 +53,10 @@ def safe_text(value: str, limit: int | None = None) -> str:
     be encoded as UTF-8) become ``\\ud800`` text; the result is cut at ``limit``
     characters when one is given.
     """
+    value = value.encode("utf-8", "backslashreplace").decode("utf-8")
     if limit is not None and len(value) > limit:
         value = value[:limit] + "…"
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 class ApiError(Exception):
