@@ -27,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "collection": args.collection,
                                    "version": args.index_version, "home": args.home}.items() if v is not None}
-    settings = GatewaySettings(**overrides).resolved()
+    from pydantic import ValidationError
+
+    try:
+        settings = GatewaySettings(**overrides).resolved()
+    except ValidationError as e:  # e.g. a placeholder API key outside local mode: refuse to start
+        # messages only: pydantic's str(e) repeats the input, which would print the secret
+        reasons = "; ".join(err["msg"] for err in e.errors(include_input=False, include_url=False))
+        print(f"service: refusing to start, invalid settings: {reasons}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     import faiss
 

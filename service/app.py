@@ -5,17 +5,28 @@ JSON, validate with :class:`SearchRequest`, take **one** reference to the live
 index version, then (in a worker thread) encode, rotate, stage 1, route and
 rescore.  Every client error is an :class:`service.errors.ApiError` with a
 stable code; nothing a client sends can produce a 500.
+
+Hardening (issue 8): the body is read in chunks and refused past its limit;
+integers too long for any field and lone surrogates are refused before they
+reach the tokenizer; the search work runs under :class:`service.limits.SearchLimiter`
+(bounded concurrency and queue, 429 with ``Retry-After``, a per-request
+deadline); ``/admin/*`` and, optionally, search require an API key
+(:mod:`service.auth`); query text is logged only when sampling is enabled, and
+then truncated; metric labels are route templates and bounded values only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
+import threading
 import time
+import unicodedata
 from contextlib import asynccontextmanager
 from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,11 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from adawidth import artifact
 from adawidth.artifact import IndexVersionError
+from service.admin import build_admin_router
+from service.auth import require_search_key
 from service.config import GatewaySettings
-from service.errors import ApiError
+from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
 from service.index import IndexVersion, resolve_version_path
-from service.metrics import STAGES, GatewayMetrics
+from service.limits import SearchLimiter, check_deadline
+from service.metrics import STAGES, GatewayMetrics, bounded_method
 
 log = logging.getLogger("service")
 
@@ -66,8 +81,26 @@ class SearchResponse(BaseModel):
     trace: Trace
 
 
+class ErrorDetail(BaseModel):
+    code: Literal[tuple(STATUS_OF_CODE)] = Field(description="Machine-readable, stable (docs/API.md).")  # type: ignore[valid-type]
+    message: str = Field(description="Human-readable explanation; never echoes the request body.")
+    field: str | None = Field(description="The request field at fault, if any.")
+
+
 class ErrorBody(BaseModel):
-    error: dict
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict:
+    """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429)."""
+    out: dict = {}
+    for status in statuses:
+        codes = sorted(c for c, st in STATUS_OF_CODE.items() if st == status)
+        out[status] = {"model": ErrorBody, "description": "Error; code one of: " + ", ".join(codes)}
+        if status == 429:
+            out[status]["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
+                                                      "schema": {"type": "integer"}}}
+    return out
 
 
 class GatewayState:
@@ -79,41 +112,146 @@ class GatewayState:
         self.encoder = None
         self.live: IndexVersion | None = None
         self.load_error: str | None = None
+        self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
+                                     settings.retry_after_s)
+        self.metrics.search_running.set_function(lambda: self.limiter.running)
+        self.metrics.search_queued.set_function(lambda: self.limiter.queued)
+        self._reload_lock = threading.Lock()
 
-    def load(self) -> None:
-        """Load the encoder and the configured (or LIVE) version; failures leave the replica unready."""
+    def _ensure_encoder(self) -> None:
         from service.encoder import OnnxEncoder
 
-        s = self.settings
-        try:
+        if self.encoder is None:
+            s = self.settings
             self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
-            path = resolve_version_path(s.index_root, s.collection, s.version)
-            version = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256,
-                                        dimension=self.encoder.dimension)
-        except (IndexVersionError, FileNotFoundError) as e:
-            self.load_error = str(e)
-            log.error("gateway not ready: %s", e)
-            return
+
+    def _load_version(self, version: str | None) -> IndexVersion:
+        """Verify and load ``version`` (None: the LIVE pointer's) for the running encoder.
+
+        Raises:
+            IndexVersionError: as :meth:`IndexVersion.load`, and ``encoder_mismatch`` when the
+                manifest's max_tokens differ from the encoder's (queries would be truncated
+                differently from the documents).
+        """
+        s = self.settings
+        path = resolve_version_path(s.index_root, s.collection, version)
+        loaded = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256,
+                                   dimension=self.encoder.dimension)
+        max_tokens = (loaded.manifest.get("encoder") or {}).get("max_tokens")
+        if max_tokens is not None and max_tokens != self.encoder.max_tokens:
+            raise IndexVersionError("encoder_mismatch", f"version truncates at {max_tokens} tokens, "
+                                                        f"the encoder at {self.encoder.max_tokens}")
+        return loaded
+
+    def _swap(self, version: IndexVersion) -> None:
+        """Make ``version`` live: one reference assignment (requests in flight keep theirs)."""
         self.live = version
         self.load_error = None
-        self.metrics.live_version.clear()
+        self.metrics.live_version.clear()  # one series: the live version's
         self.metrics.live_version.labels(version.collection, version.version).set(1)
         self.metrics.index_documents.set(version.size)
         log.info("serving %s/%s (%d documents, providers %s)", version.collection, version.version, version.size,
                  self.encoder.providers)
+
+    def load(self) -> None:
+        """Load the encoder and the configured (or LIVE) version; failures leave the replica unready."""
+        try:
+            self._ensure_encoder()
+            version = self._load_version(self.settings.version)
+        except (IndexVersionError, FileNotFoundError) as e:
+            self.load_error = str(e)
+            log.error("gateway not ready: %s", e)
+            return
+        self._swap(version)
+
+    def reload(self) -> tuple[str | None, str]:
+        """Re-read the collection's LIVE pointer and serve that version.
+
+        The new version is verified and loaded before the swap; on any failure
+        the current one stays live.  Reloads are serialised.
+
+        Returns:
+            (previous version or None, live version).
+
+        Raises:
+            IndexVersionError, FileNotFoundError, or the loader's error.
+        """
+        with self._reload_lock:
+            self._ensure_encoder()
+            previous = self.live.version if self.live is not None else None
+            coll = self.settings.index_root / self.settings.collection
+            target = artifact.read_live_pointer(coll)
+            if target is not None and target == previous:
+                return previous, previous
+            self._swap(self._load_version(None))
+            return previous, self.live.version
 
 
 def _validation_error(err: ValidationError) -> ApiError:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
     kind = first.get("type", "")
+    shown = repr(safe_text(loc, MAX_ECHO_CHARS)) if loc else "?"
     if kind == "extra_forbidden":
-        return ApiError("unknown_field", f"unknown field {loc!r}", loc)
+        return ApiError("unknown_field", f"unknown field {shown}", loc)
     if kind == "missing":
-        return ApiError("missing_field", f"field {loc!r} is required", loc)
+        return ApiError("missing_field", f"field {shown} is required", loc)
     if loc and loc.startswith("width"):
         return ApiError("unknown_width", "width must be 'auto', 'full' or an integer number of coordinates", "width")
-    return ApiError("invalid_type", f"field {loc!r}: {first.get('msg', 'invalid value')}", loc)
+    return ApiError("invalid_type", f"field {shown}: {first.get('msg', 'invalid value')}", loc)
+
+
+MAX_INT_DIGITS = 18
+"""Longer JSON integers are out of range for every field (k, width); they parse to :data:`HUGE_INT`."""
+HUGE_INT = 10 ** 19
+
+
+def _bounded_int(text: str) -> int:
+    # Python refuses int() of more than 4300 digits with a ValueError, and a
+    # long one costs quadratic time; no field accepts more than 18 digits.
+    digits = text.lstrip("-")
+    if len(digits) > MAX_INT_DIGITS:
+        return -HUGE_INT if text.startswith("-") else HUGE_INT
+    return int(text)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` has no visible character (only whitespace, control and format characters)."""
+    return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in text)
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ``text`` holds a UTF-16 surrogate on its own (JSON ``"\\ud800"``), which is not text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read in chunks and refused as soon as it passes ``limit`` bytes.
+
+    Raises:
+        ApiError: ``body_too_large`` (a declared or actual length above ``limit``).
+    """
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest:
@@ -121,8 +259,12 @@ def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest
 
     Raises:
         ApiError: ``body_too_large``, ``invalid_utf8``, ``invalid_json``, ``invalid_type``,
-            ``unknown_field``, ``missing_field``, ``unknown_width``, ``blank_query``,
-            ``query_too_long``, ``k_out_of_range``, ``width_out_of_range``, ``rho_out_of_range``.
+            ``unknown_field``, ``missing_field``, ``unknown_width``, ``query_too_long``,
+            ``invalid_unicode``, ``blank_query``, ``k_out_of_range``, ``width_out_of_range``,
+            ``rho_out_of_range``.
+
+    A query of at most ``max_query_chars`` characters is accepted whatever its
+    token count; the encoder truncates it at the manifest's ``max_tokens``.
     """
     if len(raw) > settings.max_body_bytes:
         raise ApiError("body_too_large", f"request body exceeds {settings.max_body_bytes} bytes")
@@ -131,19 +273,23 @@ def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest
     except UnicodeDecodeError:
         raise ApiError("invalid_utf8", "request body is not valid UTF-8") from None
     try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        obj = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constants)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         raise ApiError("invalid_json", "request body is not valid JSON") from None
     if not isinstance(obj, dict):
         raise ApiError("invalid_type", "request body must be a JSON object")
+    if any(has_lone_surrogate(key) for key in obj):
+        raise ApiError("invalid_unicode", "a field name contains a lone UTF-16 surrogate")
     try:
         req = SearchRequest.model_validate(obj)
     except ValidationError as e:
         raise _validation_error(e) from None
-    if not req.query.strip():
-        raise ApiError("blank_query", "query must contain a non-blank character", "query")
     if len(req.query) > settings.max_query_chars:
         raise ApiError("query_too_long", f"query exceeds {settings.max_query_chars} characters", "query")
+    if has_lone_surrogate(req.query):
+        raise ApiError("invalid_unicode", "query contains a lone UTF-16 surrogate (\\ud800-\\udfff)", "query")
+    if is_blank(req.query):
+        raise ApiError("blank_query", "query must contain a visible character", "query")
     k = settings.k_default if req.k is None else req.k
     if not 1 <= k <= settings.k_max:
         raise ApiError("k_out_of_range", f"k must be between 1 and {settings.k_max}", "k")
@@ -152,6 +298,36 @@ def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest
     if req.rho is not None and not 0.0 <= float(req.rho) <= 1.0:
         raise ApiError("rho_out_of_range", "rho must be in [0, 1]", "rho")
     return req.model_copy(update={"k": k})
+
+
+def search_request_schema(settings: GatewaySettings) -> dict:
+    """JSON schema of the search body with this gateway's limits (what the OpenAPI document publishes)."""
+    schema = SearchRequest.model_json_schema()
+    props = schema["properties"]
+    props["query"].update(minLength=1, maxLength=settings.max_query_chars)
+    props["k"]["anyOf"][0].update(minimum=1, maximum=settings.k_max)
+    props["width"]["anyOf"][1].update(minimum=1)
+    for part in props["rho"]["anyOf"][:2]:
+        part.update(minimum=0, maximum=1)
+    return schema
+
+
+query_log = logging.getLogger("service.queries")
+
+
+def log_query_sample(settings: GatewaySettings, query: str, width: int, draw=random.random) -> bool:
+    """Log a served query's text for a sampled fraction of requests, truncated; returns whether it did.
+
+    Off by default (``query_log_sample_rate=0``).  The text is cut at
+    ``query_log_max_chars`` and written with ``repr`` so control characters
+    cannot forge log lines.
+    """
+    rate = settings.query_log_sample_rate
+    if rate <= 0.0 or draw() >= rate:
+        return False
+    query_log.info("query sample (%d chars, width %d): %s", len(query), width,
+                   repr(safe_text(query, settings.query_log_max_chars)))
+    return True
 
 
 def create_app(settings: GatewaySettings | None = None, registry: CollectorRegistry | None = None,
@@ -171,26 +347,33 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if load:
             await run_in_threadpool(state.load)
         yield
+        state.limiter.close()
 
     app = FastAPI(title="adawidth gateway", version="0.1.0", lifespan=lifespan,
-                  description="Dense retrieval with per-query adaptive embedding width.")
+                  description="Dense retrieval with per-query adaptive embedding width.  "
+                              "Errors and their codes: docs/API.md.")
     app.state.gw = state
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
-        state.metrics.http_requests.labels(template, request.method if template != "unmatched" else "any",
-                                           f"{response.status_code // 100}xx").inc()
-        state.metrics.http_latency.labels(template).observe(time.perf_counter() - start)
-        return response
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            # labels: route template (unmatched paths share one), a bounded method, the status class
+            route = request.scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = bounded_method(request.method) if template != "unmatched" else "any"
+            state.metrics.http_requests.labels(template, method, f"{status // 100}xx").inc()
+            state.metrics.http_latency.labels(template).observe(time.perf_counter() - start)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         state.metrics.errors.labels(exc.code).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -204,22 +387,31 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                                 status_code=exc.status_code)
         return await api_error(request, ApiError(code, str(exc.detail)))
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        # a bug, not bad input: log the type and where, never the body or the query
+        template = getattr(request.scope.get("route"), "path", None) or "unmatched"
+        log.error("internal error on %s: %s", template, type(exc).__name__)
+        state.metrics.errors.labels("internal_error").inc()
+        return JSONResponse(ApiError("internal_error", "internal error").body(), status_code=500)
+
+    search_key = settings.search_api_key is not None and bool(settings.search_api_key.get_secret_value())
+
+    # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
     @app.post("/v1/search", response_model=SearchResponse,
-              responses={400: {"model": ErrorBody}, 413: {"model": ErrorBody}, 415: {"model": ErrorBody},
-                         422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+              dependencies=[Depends(require_search_key)] if search_key else [],
+              responses=error_responses(400, *([401] if search_key else []), 413, 415, 422, 429, 503),
               openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": SearchRequest.model_json_schema()}}}})
+                  "application/json": {"schema": search_request_schema(settings)}}}})
     async def search(request: Request):
         """Search the live index version.  See ``docs/API.md`` for the error codes."""
+        deadline = time.monotonic() + settings.search_deadline_s
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if ctype not in ("application/json", ""):
             raise ApiError("unsupported_media_type", "send the body as application/json")
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise ApiError("body_too_large", f"request body exceeds {settings.max_body_bytes} bytes")
-        req = parse_search_request(await request.body(), settings)
-        version = state.live  # the one reference this request holds to the end
-        if version is None or state.encoder is None:
+        req = parse_search_request(await read_body(request, settings.max_body_bytes), settings)
+        version, encoder = state.live, state.encoder  # the one reference this request holds to the end
+        if version is None or encoder is None:
             raise ApiError("not_ready", "no index version is loaded")
         if isinstance(req.width, int) and req.width > version.dimension:
             raise ApiError("width_out_of_range", f"width must be between 1 and {version.dimension}", "width")
@@ -229,16 +421,17 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                 raise ApiError("unknown_width", "this index version has no router; use 'full' or an integer", "width")
         rho = settings.default_rho if req.rho is None else float(req.rho)
 
-        def run():
+        def run(deadline: float):
             t0 = time.perf_counter()
-            emb = state.encoder.encode([req.query])[0]
+            emb = encoder.encode([req.query])[0]
             t_enc = time.perf_counter() - t0
+            check_deadline(deadline)
             out = version.search(emb, req.k, req.width, rho=rho,
                                  pair=tuple(settings.action_pair) if settings.action_pair else None)
             timings = {"encode": t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
             return out, timings
 
-        out, timings = await run_in_threadpool(run)
+        out, timings = await state.limiter.run(run, deadline)
         m = state.metrics
         for stage in STAGES:
             if stage in timings:
@@ -250,17 +443,20 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             m.routed.inc()
             if out.escalated:
                 m.escalations.inc()
+        log_query_sample(settings, req.query, out.width)
         return {"results": [{"id": i, "score": s} for i, s in zip(out.ids, out.scores)],
                 "trace": {"width": out.width, "escalated": out.escalated, "router_score": out.router_score,
                           "index_version": version.version, "coordinates_scored": out.coordinates_scored,
                           "timings_seconds": timings}}
+
+    app.include_router(build_admin_router(state))
 
     @app.get("/healthz")
     async def healthz():
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "Not ready: no index version or encoder loaded."}})
     async def readyz():
         """Readiness: 200 when an index version and the encoder are loaded, else 503."""
         if state.live is None or state.encoder is None:
@@ -268,7 +464,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         return {"status": "ready", "collection": state.live.collection, "index_version": state.live.version,
                 "documents": state.live.size, "encoder_providers": state.encoder.providers}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text exposition.", "content": {CONTENT_TYPE_LATEST: {}}}})
     async def metrics():
         """Prometheus exposition of this replica's metrics."""
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

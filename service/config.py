@@ -3,13 +3,55 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_SECRET_CHARS = 16
+"""Shortest API key accepted outside local mode."""
+
+PLACEHOLDER_SECRETS = frozenset({
+    "changeme", "changeit", "secret", "password", "passwd", "admin", "apikey", "key", "token", "test", "testing",
+    "default", "example", "placeholder", "dev", "development", "local", "letmein", "qwerty", "root", "todo",
+    "xxx", "none", "null", "1234", "12345678", "0000",
+})
+"""Known placeholders (compared after lower-casing and removing non-alphanumerics)."""
+
+_PLACEHOLDER_PARTS = ("changeme", "changeit", "placeholder", "example", "yourkey", "yoursecret", "insert", "replace")
+
+
+def placeholder_reason(secret: str) -> str | None:
+    """Why ``secret`` looks like a placeholder, or None when it does not.
+
+    Refused: empty, shorter than :data:`MIN_SECRET_CHARS`, a known placeholder
+    (after lower-casing and dropping non-alphanumerics, possibly repeated, e.g.
+    ``secretsecretsecret``), text containing a placeholder word, or fewer than
+    five distinct characters.
+    """
+    if not secret:
+        return "is empty"
+    if len(secret) < MIN_SECRET_CHARS:
+        return f"is shorter than {MIN_SECRET_CHARS} characters"
+    norm = "".join(c for c in secret.lower() if c.isalnum())
+    for word in PLACEHOLDER_SECRETS:
+        if norm and norm == word * (len(norm) // len(word)) and len(norm) % len(word) == 0:
+            return "is a known placeholder"
+    if any(part in norm for part in _PLACEHOLDER_PARTS):
+        return "contains a placeholder word"
+    if len(set(secret)) < 5:
+        return "has fewer than 5 distinct characters"
+    return None
 
 
 class GatewaySettings(BaseSettings):
-    """Built once in ``service.__main__`` (or by a test) and injected into :func:`service.app.create_app`."""
+    """Built once in ``service.__main__`` (or by a test) and injected into :func:`service.app.create_app`.
+
+    Raises:
+        pydantic.ValidationError: at construction, for out-of-range values and,
+            outside ``mode="local"``, for placeholder API keys or one key used
+            for both search and admin.
+    """
 
     model_config = SettingsConfigDict(env_prefix="ADAWIDTH_", extra="ignore")
 
@@ -26,10 +68,54 @@ class GatewaySettings(BaseSettings):
     default_rho: float | None = Field(None, ge=0.0, le=1.0,
                                       description="Target escalation fraction for width 'auto' (default: the manifest's).")
     action_pair: tuple[int, int] | None = Field(None, description="Router action pair (l, h) (default: the manifest's).")
-    max_query_chars: int = Field(20_000, ge=1, description="Longest query text accepted, in characters (413 above).")
+    max_query_chars: int = Field(20_000, ge=1,
+                                 description="Longest query text accepted, in characters (413 query_too_long above); "
+                                             "accepted text is truncated at the manifest's encoder max_tokens.")
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above).")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
+
+    # overload
+    max_concurrent_searches: int = Field(
+        4, ge=1, description="Searches encoded and scored at once (worker threads), in requests.")
+    max_queued_searches: int = Field(
+        32, ge=0, description="Admitted searches waiting for a worker, in requests; beyond it 429 overloaded.")
+    search_deadline_s: float = Field(
+        10.0, gt=0.0, description="Per-request deadline of a search from its arrival, in seconds "
+                                  "(503 deadline_exceeded when reached, queue wait included).")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 overloaded, in seconds.")
+
+    # authentication
+    mode: Literal["production", "local"] = Field(
+        "production", description="'local' allows placeholder API keys (development only).")
+    admin_api_key: SecretStr | None = Field(
+        None, description="Bearer key for /admin/* (reload, promote, rollback); unset: admin endpoints answer "
+                          "403 admin_disabled.")
+    search_api_key: SecretStr | None = Field(
+        None, description="Bearer key required by POST /v1/search when set; unset: search is open.")
+
+    # privacy
+    query_log_sample_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="Fraction of successful queries whose text is logged (0 = never).")
+    query_log_max_chars: int = Field(
+        64, ge=1, le=1024, description="Characters of a sampled query that are logged, in characters.")
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> "GatewaySettings":
+        if self.mode == "local":
+            return self
+        keys = {"admin_api_key": self.admin_api_key, "search_api_key": self.search_api_key}
+        for name, key in keys.items():
+            if key is None:
+                continue
+            reason = placeholder_reason(key.get_secret_value())
+            if reason:
+                raise ValueError(f"{name} {reason}; set a random key (e.g. `python -c \"import secrets; "
+                                 f"print(secrets.token_urlsafe(32))\"`) or mode=local for development")
+        if self.admin_api_key is not None and self.search_api_key is not None and \
+                self.admin_api_key.get_secret_value() == self.search_api_key.get_secret_value():
+            raise ValueError("admin_api_key and search_api_key must differ")
+        return self
 
     def resolved(self) -> "GatewaySettings":
         """A copy with every default path filled in under ``home``."""

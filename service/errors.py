@@ -1,18 +1,24 @@
 """One error type for the gateway, mapped to an HTTP status and a machine-readable code in one place.
 
 Every error body is ``{"error": {"code": str, "message": str, "field": str | null}}``.
-The codes are stable and listed in ``docs/API.md``.
+The codes are stable and listed, with their meaning, in ``docs/API.md``
+(``tests/unit/test_errors.py`` checks that the table there and this one agree).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 STATUS_OF_CODE: dict[str, int] = {
+    # the body as bytes / JSON
     "invalid_utf8": 400,
     "invalid_json": 400,
     "unsupported_media_type": 415,
     "body_too_large": 413,
+    # the fields
     "query_too_long": 413,
     "blank_query": 422,
+    "invalid_unicode": 422,
     "k_out_of_range": 422,
     "width_out_of_range": 422,
     "unknown_width": 422,
@@ -21,10 +27,36 @@ STATUS_OF_CODE: dict[str, int] = {
     "invalid_type": 422,
     "missing_field": 422,
     "invalid_request": 422,
+    # authentication
+    "missing_api_key": 401,
+    "invalid_api_key": 401,
+    "admin_disabled": 403,
+    # routing
     "not_found": 404,
     "method_not_allowed": 405,
+    # capacity and state
+    "overloaded": 429,
+    "reload_failed": 409,
     "not_ready": 503,
+    "deadline_exceeded": 503,
+    "internal_error": 500,
 }
+
+MAX_ECHO_CHARS = 64
+"""Longest piece of client input (a field name) an error message may repeat."""
+
+
+def safe_text(value: str, limit: int | None = None) -> str:
+    """``value`` made safe to put in a JSON response or a log line.
+
+    Lone surrogates (which JSON ``"\\ud800"`` escapes decode to, and which cannot
+    be encoded as UTF-8) become ``\\ud800`` text; the result is cut at ``limit``
+    characters when one is given.
+    """
+    value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(value) > limit:
+        value = value[:limit] + "…"
+    return value
 
 
 class ApiError(Exception):
@@ -34,17 +66,24 @@ class ApiError(Exception):
         code: a key of :data:`STATUS_OF_CODE`.
         message: human-readable explanation (never echoes the raw body).
         field: the request field at fault, if any.
+        headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
+
+    Raises:
+        ValueError: for a code missing from :data:`STATUS_OF_CODE`.
     """
 
-    def __init__(self, code: str, message: str, field: str | None = None):
+    def __init__(self, code: str, message: str, field: str | None = None,
+                 headers: Mapping[str, str] | None = None):
         if code not in STATUS_OF_CODE:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code, self.message, self.field = code, message, field
+        self.headers = dict(headers or {})
 
     @property
     def status(self) -> int:
         return STATUS_OF_CODE[self.code]
 
     def body(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
+        field = None if self.field is None else safe_text(self.field, MAX_ECHO_CHARS)
+        return {"error": {"code": self.code, "message": safe_text(self.message), "field": field}}

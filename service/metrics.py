@@ -1,9 +1,11 @@
 """Prometheus metrics of the gateway, on an injected registry (never the global default).
 
 Units are in the names (``_seconds``, ``_total``); labels are bounded: route
-templates (unmatched paths share ``route="unmatched"``), status classes and
-fixed stage names.  No query text, document id or version string is a label
-value except the live version's info gauge.
+templates (unmatched paths share ``route="unmatched"``), standard methods
+(anything else is ``other``), status classes, fixed stage names and error
+codes from the one table.  No query text, document id or version string is a
+label value except the live version's info gauge, which holds one series (it is
+cleared on every swap).
 """
 
 from __future__ import annotations
@@ -38,3 +40,15 @@ class GatewayMetrics:
         self.live_version = Gauge("adawidth_live_version_info", "1 for the version this replica serves.",
                                   ["collection", "version"], registry=registry)
         self.index_documents = Gauge("adawidth_index_documents", "Documents in the live version.", registry=registry)
+        self.search_running = Gauge("adawidth_search_running_requests", "Searches executing on a worker now.",
+                                    registry=registry)
+        self.search_queued = Gauge("adawidth_search_queued_requests", "Admitted searches waiting for a worker.",
+                                   registry=registry)
+
+
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
+def bounded_method(method: str) -> str:
+    """The HTTP method as a label value: the standard ones as themselves, anything else ``other``."""
+    return method if method in KNOWN_METHODS else "other"
