@@ -138,6 +138,8 @@ def test_online_cus_on_the_good_version_matches_the_trainer_baseline(online_runs
 
 def test_degraded_version_shows_in_the_online_cus(online_runs):
     good, bad = rate(online_runs["good"]), rate(online_runs["bad"])
+    print(f"online CUS over {online_runs['queries']} SciFact test queries: good {good:.3f}, degraded {bad:.3f}, "
+          f"baseline {online_runs['good']['adawidth_online_cus_baseline_ratio']:.3f}")
     assert online_runs["bad"]["adawidth_online_cus_samples_total/auto"] == 300
     assert bad < good - 0.25, (good, bad)
     assert bad < online_runs["bad"]["adawidth_online_cus_baseline_ratio"] - 0.10
