@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: env encoder index demo serve test test-fast clean
+.PHONY: env encoder index demo serve test test-fast promtool clean
 
 # torch is pinned and installed first: an unpinned torch pulled in by
 # sentence-transformers would be a multi-GB CUDA build.
@@ -40,7 +40,12 @@ demo: index
 serve: index
 	ADAWIDTH_COLLECTION=$(COLLECTION) $(BIN)/python -m service --port $(PORT)
 
-test: encoder
+# promtool (Debian's prometheus package) runs the alert-rule unit tests; CI is root, so install it when absent.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus)
+	@promtool --version | head -1
+
+test: encoder promtool
 	$(BIN)/python -m pytest tests
 
 test-fast: env

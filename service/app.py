@@ -43,6 +43,7 @@ from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
 from service.index import IndexVersion, resolve_version_path
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import STAGES, GatewayMetrics, bounded_method
+from service.online_cus import OnlineCusMonitor
 
 log = logging.getLogger("service")
 
@@ -109,6 +110,7 @@ class GatewayState:
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry):
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
+        self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
         self.encoder = None
         self.live: IndexVersion | None = None
         self.load_error: str | None = None
@@ -150,6 +152,7 @@ class GatewayState:
         self.metrics.live_version.clear()  # one series: the live version's
         self.metrics.live_version.labels(version.collection, version.version).set(1)
         self.metrics.index_documents.set(version.size)
+        self.online_cus.observe_version(version, self.settings.default_rho)
         log.info("serving %s/%s (%d documents, providers %s)", version.collection, version.version, version.size,
                  self.encoder.providers)
 
@@ -348,6 +351,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             await run_in_threadpool(state.load)
         yield
         state.limiter.close()
+        state.online_cus.close()
 
     app = FastAPI(title="adawidth gateway", version="0.1.0", lifespan=lifespan,
                   description="Dense retrieval with per-query adaptive embedding width.  "
@@ -428,6 +432,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             check_deadline(deadline)
             out = version.search(emb, req.k, req.width, rho=rho,
                                  pair=tuple(settings.action_pair) if settings.action_pair else None)
+            state.online_cus.offer(version, emb, out.ids, req.width)  # O(1); compared off the request path
             timings = {"encode": t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
             return out, timings
 

@@ -72,6 +72,11 @@ class GatewaySettings(BaseSettings):
                                  description="Longest query text accepted, in characters (413 query_too_long above); "
                                              "accepted text is truncated at the manifest's encoder max_tokens.")
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above).")
+    online_cus_sample_rate: float = Field(0.05, ge=0.0, le=1.0,
+                                          description="Fraction of served queries whose top-1 is compared with the "
+                                                      "full-width top-1 off the request path (online CUS).")
+    online_cus_queue_size: int = Field(1000, ge=1, description="Bound of the online-CUS sample queue; "
+                                                               "samples beyond it are dropped and counted.")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
 

@@ -9,7 +9,10 @@ Steps (each logged with its duration):
    inner-product index over their normalised m0-prefixes;
 4. a LightGBM router per action pair, fitted on training queries (§3.2 of 001);
 5. offline evaluation on the evaluation split through the served code path;
-6. the version is written atomically (manifest last) and, with ``publish``,
+6. the capacity report (:mod:`adawidth.capacity`: δ, Warren's d*, regime, dimension
+   cliff, CUS, failure AUC, prefix-sufficiency scaling) on the evaluation split and
+   the served rotation, plus the offline baseline of the gateway's online CUS;
+7. the version is written atomically (manifest last) and, with ``publish``,
    made live.
 """
 
@@ -56,6 +59,8 @@ class BuildOptions:
     publish: bool = True
     adapter: dict = field(default_factory=dict)  # overrides of trainer.adapter.AdapterConfig
     router_crossfit_folds: int = 4         # adapters trained without each fold produce the router's training data
+    capacity: bool = True                  # compute the capacity report (needs the evaluation split)
+    capacity_options: dict = field(default_factory=dict)  # overrides of adawidth.capacity.CapacityOptions
 
 
 class _Timer:
@@ -90,6 +95,72 @@ def corpus_fingerprint(col: Collection) -> str:
     return h.hexdigest()
 
 
+def dataset_fingerprint(folder: Path | str) -> str:
+    """sha256 over the relative paths and bytes of the BEIR files of a folder (corpus, queries, every qrels split).
+
+    The trainer daemon (``trainer serve``) rebuilds when this changes.
+
+    Raises:
+        FileNotFoundError: if the folder does not exist.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"dataset folder {folder} does not exist")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and (
+        p.name.startswith(("corpus.jsonl", "queries.jsonl")) or p.parent.name == "qrels"))
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.relative_to(folder).as_posix().encode() + b"\x00")
+        with open(p, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, R: np.ndarray, doc_ids: list[str],
+                         funnel: Funnel, routers: dict, name: str) -> dict:
+    """Capacity report of the served rotation on the evaluation queries, with the online-CUS baseline.
+
+    The baseline is the share of evaluation queries whose top-1 under the served
+    ``auto`` policy (stage 1 at m0, the default action pair and ρ, the same
+    :func:`adawidth.funnel.resolve` the gateway runs) equals the exact full-width
+    top-1: the value the gateway's online label-free CUS should reproduce on
+    traffic like the evaluation queries (``adawidth_online_cus_baseline_ratio``).
+    """
+    from adawidth.capacity import CapacityOptions, capacity_report
+    from adawidth.funnel import resolve
+
+    q_rot = np.ascontiguousarray(test.emb @ R.T, dtype=np.float32)
+    cap_opts = CapacityOptions(**{"r_floor": opts.m0, "seed": opts.seed, **opts.capacity_options})
+    report = capacity_report(q_rot, X_rot, test.judgments, doc_ids, test.ids, cap_opts)
+    report["meta"] = {"collection": name, "rotation": opts.rotation, "split": opts.eval_split,
+                      "dataset": str(opts.dataset)}
+    pair = tuple(opts.default_pair)
+    if pair in routers:
+        fit = routers[pair]
+        thr = threshold_for_rate(fit.oof_predictions, opts.default_rho)
+        rows, scores = funnel.stage1(q_rot)
+        full_top1 = np.argmax(X_rot @ q_rot.T, axis=0)
+        agree = []
+        for i in range(q_rot.shape[0]):
+            res = resolve(q_rot[i], funnel.docs, funnel.doc_sqnorm_m0, rows[i], scores[i], m0=opts.m0, k=1,
+                          width=None, action_pair=pair, threshold=thr,
+                          predict_gain=lambda f: float(fit.booster.predict(f[None, :])[0]))
+            agree.append(int(res.rows[0]) == int(full_top1[i]))
+        report["online_cus_baseline"] = {"agreement": float(np.mean(agree)), "queries": len(agree),
+                                         "policy": f"auto {pair[0]}/{pair[1]} rho={opts.default_rho}"}
+    return report
+
+
+def _capacity_summary(report: dict | None) -> dict | None:
+    if report is None:
+        return None
+    from trainer.capacity_report import summary
+
+    return summary(report)
+
+
 def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     """Build (and optionally publish) a version; returns its directory and the manifest.
 
@@ -117,6 +188,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         raise ValueError(f"default pair {opts.default_pair} is not among the action pairs")
     timer = _Timer()
     rng_seed = opts.seed
+    ds_fingerprint = dataset_fingerprint(opts.dataset)  # before reading: a change while building is seen next poll
     splits = available_splits(opts.dataset)
     eval_split = opts.eval_split if opts.eval_split in splits else None
     train_split = opts.train_split if opts.train_split in splits else None
@@ -190,6 +262,11 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         with timer("evaluation"):
             evaluation = _evaluate(opts, rotations, X, doc_ids, test, train_qrels, funnel, R, routers)
 
+    capacity = None
+    if opts.capacity and test is not None and test.ids:
+        with timer("capacity report"):
+            capacity = capacity_for_version(opts, test, X_rot, R, doc_ids, funnel, routers, name)
+
     fingerprint = corpus_fingerprint(col)
     version = artifact.new_version_id(hashlib.sha256(
         (fingerprint + encoder.info.onnx_sha256 + R.astype(np.float32).tobytes().hex()[:4096]).encode()).hexdigest())
@@ -204,6 +281,10 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     }
     for pair, fit in routers.items():
         writers[f"router_{pair[0]}_{pair[1]}.txt"] = (lambda b: (lambda p: b.save_model(str(p))))(fit.booster)
+    if capacity is not None:
+        from trainer.capacity_report import file_writers
+
+        writers.update(file_writers(capacity, f"{name} ({opts.rotation} rotation, {eval_split} split)"))
     manifest = {
         "collection": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -221,8 +302,10 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
                    "default_rho": opts.default_rho,
                    "pairs": router_meta},
         "corpus": {"fingerprint": fingerprint, "documents": len(doc_ids), "dataset": str(opts.dataset),
+                   "dataset_fingerprint": ds_fingerprint,
                    "encoded_now": n_encoded, "train_split": train_split, "eval_split": eval_split},
         "evaluation": evaluation,
+        "capacity": _capacity_summary(capacity),
         "build_seconds": timer.t,
     }
     coll_dir = Path(settings.index_root) / name

@@ -5,6 +5,7 @@ Commands:
   build            build an index version of a BEIR folder (and make it live)
   list             list the versions of a collection, marking the live one
   publish          make an existing version live (the file registry's pointer)
+  serve            long-lived: rebuild and publish when the dataset changes; /metrics with capacity gauges
 """
 
 from __future__ import annotations
@@ -38,22 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export-encoder", help="export the ONNX encoder (no-op when present)")
 
     b = sub.add_parser("build", help="build an index version of a BEIR folder")
-    b.add_argument("--dataset", type=Path, required=True, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
-    b.add_argument("--collection", help="collection name (default: folder name)")
-    b.add_argument("--train-split", default="train", help="qrels split for adapter and router training")
-    b.add_argument("--eval-split", default="test", help="qrels split for the offline evaluation")
-    b.add_argument("--rotation", default="adapter", choices=["adapter", "adapter_on_pca", "pca", "identity"])
-    b.add_argument("--m0", type=int, default=64, help="stage-1 width in coordinates")
-    b.add_argument("--shortlist", type=int, default=500, help="stage-1 shortlist size")
-    b.add_argument("--pairs", type=_pair, nargs="+", default=[(64, 128), (64, 256), (128, 256)],
-                   help="router action pairs l,h")
-    b.add_argument("--default-pair", type=_pair, default=(64, 128))
-    b.add_argument("--epochs", type=int, help="adapter epochs (default 100)")
-    b.add_argument("--learning-rate", type=float, help="adapter AdamW learning rate (default 1e-2)")
-    b.add_argument("--router-crossfit-folds", type=int, default=4,
-                   help="train the router on queries ranked by adapters that did not see them (0: off)")
-    b.add_argument("--seed", type=int, default=0)
+    _build_arguments(b)
     b.add_argument("--no-publish", action="store_true", help="write the version but do not make it live")
+
+    sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics")
+    _build_arguments(sv)
+    sv.add_argument("--port", type=int, default=9109, help="TCP port of /metrics")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address of /metrics")
+    sv.add_argument("--poll-seconds", type=float, default=60.0, help="seconds between dataset fingerprint checks")
 
     ls = sub.add_parser("list", help="list versions of a collection")
     ls.add_argument("collection")
@@ -72,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(export_encoder(settings.encoder_dir))
         return 0
-    if args.command == "build":
+    if args.command in ("build", "serve"):
         from service.encoder import OnnxEncoder
         from trainer.build import BuildOptions, build_index
         from trainer.export_onnx import export_encoder
@@ -83,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         opts = BuildOptions(dataset=args.dataset, collection=args.collection, train_split=args.train_split,
                             eval_split=args.eval_split, rotation=args.rotation, m0=args.m0, shortlist=args.shortlist,
                             action_pairs=tuple(args.pairs), default_pair=args.default_pair, seed=args.seed,
-                            publish=not args.no_publish, adapter=adapter,
-                            router_crossfit_folds=args.router_crossfit_folds)
+                            publish=args.command == "serve" or not args.no_publish, adapter=adapter,
+                            router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity)
+        if args.command == "serve":
+            return _serve(args, opts, settings, encoder)
         try:
             path, manifest = build_index(opts, settings, encoder)
         except DatasetFormatError as e:
@@ -108,6 +103,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.collection}: {args.version} is live")
         return 0
     return 1
+
+
+def _serve(args, opts, settings, encoder) -> int:
+    """Run the trainer daemon until SIGTERM / SIGINT."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from trainer.serve import TrainerDaemon, TrainerMetrics
+
+    registry = CollectorRegistry()
+    daemon = TrainerDaemon(opts, settings, encoder, TrainerMetrics(registry))
+    server, _ = start_http_server(args.port, addr=args.host, registry=registry)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logging.getLogger("trainer.serve").info("metrics on http://%s:%d/metrics; polling %s every %.0f s",
+                                            args.host, args.port, opts.dataset, args.poll_seconds)
+    daemon.run(stop, args.poll_seconds)
+    server.shutdown()
+    return 0
+
+
+def _build_arguments(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--dataset", type=Path, required=True, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
+    b.add_argument("--collection", help="collection name (default: folder name)")
+    b.add_argument("--train-split", default="train", help="qrels split for adapter and router training")
+    b.add_argument("--eval-split", default="test", help="qrels split for the offline evaluation")
+    b.add_argument("--rotation", default="adapter", choices=["adapter", "adapter_on_pca", "pca", "identity"])
+    b.add_argument("--m0", type=int, default=64, help="stage-1 width in coordinates")
+    b.add_argument("--shortlist", type=int, default=500, help="stage-1 shortlist size")
+    b.add_argument("--pairs", type=_pair, nargs="+", default=[(64, 128), (64, 256), (128, 256)],
+                   help="router action pairs l,h")
+    b.add_argument("--default-pair", type=_pair, default=(64, 128))
+    b.add_argument("--epochs", type=int, help="adapter epochs (default 100)")
+    b.add_argument("--learning-rate", type=float, help="adapter AdamW learning rate (default 1e-2)")
+    b.add_argument("--router-crossfit-folds", type=int, default=4,
+                   help="train the router on queries ranked by adapters that did not see them (0: off)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--no-capacity", action="store_true", help="skip the capacity report")
 
 
 if __name__ == "__main__":
