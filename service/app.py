@@ -23,11 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from adawidth.artifact import IndexVersionError
+from service.admin import build_admin_router
 from service.config import GatewaySettings
 from service.errors import ApiError
-from service.index import IndexVersion, resolve_version_path
-from service.metrics import STAGES, GatewayMetrics
+from service.index import IndexVersion
+from service.metrics import STAGES, CutoverMetrics, GatewayMetrics
+from service.versions import VersionManager, start_replica
 
 log = logging.getLogger("service")
 
@@ -71,36 +72,50 @@ class ErrorBody(BaseModel):
 
 
 class GatewayState:
-    """What the process holds: settings, encoder, the live version, metrics."""
+    """What the process holds: settings, encoder, the versions (live and warm) with the registry follower, metrics."""
 
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry):
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
+        self.cutover_metrics = CutoverMetrics(self.metrics)
         self.encoder = None
-        self.live: IndexVersion | None = None
+        self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
+                                       settings.canary_queries)
+        self.registry = None  # service.registry.Registry, None when a version is pinned
+        self.follower = None  # service.versions.RegistryFollower
         self.load_error: str | None = None
 
+    @property
+    def live(self) -> IndexVersion | None:
+        """The live version now (requests take theirs with ``self.versions.acquire()``)."""
+        return self.versions.live
+
     def load(self) -> None:
-        """Load the encoder and the configured (or LIVE) version; failures leave the replica unready."""
+        """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
+        failures leave the replica unready."""
         from service.encoder import OnnxEncoder
 
         s = self.settings
         try:
             self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
-            path = resolve_version_path(s.index_root, s.collection, s.version)
-            version = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256,
-                                        dimension=self.encoder.dimension)
-        except (IndexVersionError, FileNotFoundError) as e:
+        except FileNotFoundError as e:
             self.load_error = str(e)
             log.error("gateway not ready: %s", e)
             return
-        self.live = version
-        self.load_error = None
-        self.metrics.live_version.clear()
-        self.metrics.live_version.labels(version.collection, version.version).set(1)
-        self.metrics.index_documents.set(version.size)
-        log.info("serving %s/%s (%d documents, providers %s)", version.collection, version.version, version.size,
-                 self.encoder.providers)
+        self.versions.encoder = self.encoder
+        self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
+        if self.live is None:
+            log.error("gateway not ready: %s", self.load_error)
+            return
+        log.info("serving %s/%s (%d documents, providers %s, registry %s)", self.live.collection, self.live.version,
+                 self.live.size, self.encoder.providers, self.registry.kind if self.registry else "pinned")
+
+    def close(self) -> None:
+        """Stop following the registry."""
+        if self.follower is not None:
+            self.follower.stop()
+        if self.registry is not None:
+            self.registry.close()
 
 
 def _validation_error(err: ValidationError) -> ApiError:
@@ -171,6 +186,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if load:
             await run_in_threadpool(state.load)
         yield
+        await run_in_threadpool(state.close)
 
     app = FastAPI(title="adawidth gateway", version="0.1.0", lifespan=lifespan,
                   description="Dense retrieval with per-query adaptive embedding width.")
@@ -211,6 +227,10 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                   "application/json": {"schema": SearchRequest.model_json_schema()}}}})
     async def search(request: Request):
         """Search the live index version.  See ``docs/API.md`` for the error codes."""
+        with state.versions.acquire() as version:  # the one reference this request holds to its end
+            return await _serve(request, version)
+
+    async def _serve(request: Request, version: IndexVersion | None):
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if ctype not in ("application/json", ""):
             raise ApiError("unsupported_media_type", "send the body as application/json")
@@ -218,7 +238,6 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
             raise ApiError("body_too_large", f"request body exceeds {settings.max_body_bytes} bytes")
         req = parse_search_request(await request.body(), settings)
-        version = state.live  # the one reference this request holds to the end
         if version is None or state.encoder is None:
             raise ApiError("not_ready", "no index version is loaded")
         if isinstance(req.width, int) and req.width > version.dimension:
@@ -262,11 +281,19 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
     @app.get("/readyz")
     async def readyz():
-        """Readiness: 200 when an index version and the encoder are loaded, else 503."""
-        if state.live is None or state.encoder is None:
-            return JSONResponse({"status": "not_ready", "reason": state.load_error}, status_code=503)
-        return {"status": "ready", "collection": state.live.collection, "index_version": state.live.version,
-                "documents": state.live.size, "encoder_providers": state.encoder.providers}
+        """Readiness: 503 while no index version or encoder is loaded; else 200 with ``status`` "ready", or
+        "degraded" when the registry is unreachable or its live version was refused here (the replica still
+        serves its own live version correctly, so it stays in rotation; see deploy/CUTOVER.md)."""
+        live = state.live
+        if live is None or state.encoder is None:
+            return JSONResponse({"status": "not_ready", "reason": state.load_error or "no live version loaded"},
+                                status_code=503)
+        reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}
+        return {"status": "degraded" if reg["degraded"] else "ready", "collection": live.collection,
+                "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
+                **reg}
+
+    app.include_router(build_admin_router(state))
 
     @app.get("/metrics")
     async def metrics():

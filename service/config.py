@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,6 +28,20 @@ class GatewaySettings(BaseSettings):
     action_pair: tuple[int, int] | None = Field(None, description="Router action pair (l, h) (default: the manifest's).")
     max_query_chars: int = Field(20_000, ge=1, description="Longest query text accepted, in characters (413 above).")
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above).")
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("redis_url", "ADAWIDTH_REDIS_URL", "REDIS_URL"),
+        description="Redis URL of the version registry (env ADAWIDTH_REDIS_URL or REDIS_URL); unset: the file "
+                    "registry on the index volume.")
+    registry_poll_s: float = Field(1.0, gt=0, description="Seconds between reconciles with the registry when no "
+                                   "change notification arrives (pub/sub with Redis wakes replicas at once).")
+    registry_backoff_max_s: float = Field(5.0, gt=0, description="Longest wait between reconnect attempts while the "
+                                          "registry is unreachable, in seconds (doubling from 0.2 s).")
+    replica_id: str | None = Field(None, description="This replica's id in the registry (default <hostname>:<port>).")
+    canary_queries: tuple[str, ...] = Field(
+        ("what causes inflammation", "effect of vitamin d on bone density", "gene expression in cancer cells"),
+        description="Queries run through the full path at every width policy before a new version counts as warm.")
+    admin_api_key: SecretStr | None = Field(None, description="API key of the /admin endpoints (header "
+                                            "'Authorization: Bearer <key>' or 'X-API-Key'); unset: they answer 404.")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
 

@@ -24,6 +24,15 @@ STATUS_OF_CODE: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "not_ready": 503,
+    # admin / version registry (issue 3)
+    "forbidden": 403,
+    "invalid_version": 422,
+    "unknown_version": 404,
+    "no_previous": 409,
+    "conflict": 409,
+    "version_refused": 409,
+    "gate_refused": 409,
+    "registry_unavailable": 503,
 }
 
 

@@ -1,0 +1,173 @@
+"""Admin endpoints of the version registry: publish, promote, rollback, and the registry's state.
+
+All require the admin API key (:mod:`service.auth`).  They act on the replica's
+collection through the same registry the replicas follow, so a promotion made on
+one replica reaches every replica (pub/sub with Redis, the state-file poll with
+the file registry); the replica that served the call reconciles at once.
+
+=========================  ====================================================================
+``GET  /admin/registry``   state, last 50 history events, replica reports
+``POST /admin/publish``    ``{"version": str}``: verify the version's files, register it as a candidate
+``POST /admin/promote``    ``{"version": str | null, "skip_gate": bool}``: load and warm it here,
+                           run the collection's quality gate (if any), then make it live
+``POST /admin/rollback``   ``{"reason": str | null}``: swap live and previous
+=========================  ====================================================================
+
+Errors: 403 ``forbidden``, 404 ``not_found`` (no key configured) / ``unknown_version``, 409
+``no_previous`` / ``version_refused`` / ``gate_refused`` / ``conflict``, 422 ``invalid_version``,
+503 ``registry_unavailable`` / ``not_ready``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from adawidth import artifact
+from adawidth.router import FEATURE_NAMES
+from service.auth import require_admin
+from service.errors import ApiError
+from service.registry import RegistryError, check_version_name
+
+log = logging.getLogger("service.admin")
+
+
+class PublishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str = Field(description="Version directory name under <index_root>/<collection>/.")
+
+
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str | None = Field(None, description="Candidate to promote (default: the newest candidate).")
+    skip_gate: bool = Field(False, description="Promote without the quality gate (recorded in the history).")
+
+
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(None, max_length=500, description="Why (recorded in the history).")
+
+
+def _api(e: RegistryError) -> ApiError:
+    return ApiError(e.code, str(e))
+
+
+def build_admin_router(state) -> APIRouter:
+    """Routes bound to a :class:`service.app.GatewayState` (its registry, versions, follower and encoder)."""
+    router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin(state.settings))])
+    s = state.settings
+
+    def need_registry():
+        if state.registry is None or state.versions is None:
+            raise ApiError("not_ready", "this replica does not follow a registry (pinned version or not loaded)")
+        return state.registry
+
+    @router.get("/registry")
+    async def registry_state():
+        """The registry's view of this collection, its history and the replicas' reports."""
+        reg = need_registry()
+        try:
+            st, hist, reps = await run_in_threadpool(
+                lambda: (reg.get(s.collection), reg.history(s.collection, 50), reg.replicas(s.collection)))
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"kind": reg.kind, "state": st.as_dict(), "history": hist, "replicas": reps}
+
+    @router.post("/publish")
+    async def publish(body: PublishBody):
+        """Verify a built version's files and register it as a candidate."""
+        reg = need_registry()
+        try:
+            check_version_name(body.version)
+        except RegistryError as e:
+            raise _api(e) from None
+        path = s.index_root / s.collection / body.version
+
+        def run():
+            try:
+                m = artifact.verify_version(path, encoder_sha256=state.encoder.info.onnx_sha256,
+                                            dimension=state.encoder.dimension)
+            except artifact.IndexVersionError as e:
+                if e.code == "missing" and not path.is_dir():
+                    raise ApiError("unknown_version", f"no version {body.version!r} in {s.collection!r}") from None
+                raise ApiError("version_refused", str(e)) from None
+            names = (m.get("router") or {}).get("feature_names")
+            if (m.get("router") or {}).get("pairs") and list(names or ()) != list(FEATURE_NAMES):
+                raise ApiError("version_refused", "[router_mismatch] router feature names differ from this gateway's")
+            return reg.publish(s.collection, body.version, actor="admin-api")
+
+        try:
+            st = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict()}
+
+    @router.post("/promote")
+    async def promote(body: PromoteBody):
+        """Load and warm the candidate on this replica, run the quality gate, make it live."""
+        reg = need_registry()
+
+        def run():
+            from service.gate import run_gate
+            from service.versions import VersionRefused
+
+            st = reg.get(s.collection)
+            version = body.version or (st.candidates[-1] if st.candidates else None)
+            if version is None:
+                raise RegistryError("unknown_version", f"{s.collection!r} has no candidate to promote")
+            check_version_name(version)
+            if version == st.live:
+                return st, None
+            if version not in st.candidates:
+                raise RegistryError("unknown_version", f"{version!r} is not a candidate of {s.collection!r}")
+            try:
+                cand = state.versions.ensure_loaded(version)
+            except VersionRefused as e:
+                raise ApiError("version_refused", str(e)) from None
+            gate = {"skipped": True} if body.skip_gate else None
+            live = state.versions.live
+            if not body.skip_gate and live is not None:
+                try:
+                    gate = run_gate(s.index_root / s.collection, live, cand, state.encoder)
+                except (ValueError, OSError) as e:
+                    raise ApiError("gate_refused", f"quality gate misconfigured: {e}") from None
+                if gate is not None and not gate["passed"]:
+                    reg.record(s.collection, {"action": "refuse", "version": version, "reason": gate["reason"],
+                                              "gate": gate}, actor="admin-api")
+                    if state.cutover_metrics is not None:
+                        state.cutover_metrics.refused.labels(s.collection, "quality_gate").inc()
+                    log.warning("promotion of %s/%s refused: %s", s.collection, version, gate["reason"])
+                    raise ApiError("gate_refused", gate["reason"])
+            st = reg.promote(s.collection, version, gate=gate, actor="admin-api")
+            with contextlib.suppress(RegistryError):  # the follower catches up on its own
+                state.follower.reconcile()
+            return st, gate
+
+        try:
+            st, gate = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict(), "gate": gate}
+
+    @router.post("/rollback")
+    async def rollback(body: RollbackBody | None = None):
+        """Swap live and previous; every replica follows."""
+        reg = need_registry()
+
+        def run():
+            st = reg.rollback(s.collection, reason=body.reason if body else None, actor="admin-api")
+            with contextlib.suppress(RegistryError):
+                state.follower.reconcile()
+            return st
+
+        try:
+            st = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict()}
+
+    return router
