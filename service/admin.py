@@ -1,59 +1,200 @@
-"""Admin endpoints under ``/admin``, all behind :func:`service.auth.require_admin`.
+"""Admin endpoints of the version registry: publish, promote, rollback, and the registry's state.
 
-``POST /admin/reload`` re-reads the collection's LIVE pointer and serves that
-version: it is verified and loaded first, then made live by swapping one
-reference, so requests in flight finish on the version they started with and
-a failed load leaves the current version serving.  Promote and rollback
-(issue 3) join this router and inherit its authentication.
+All require the admin API key (:mod:`service.auth`).  They act on the replica's
+collection through the same registry the replicas follow, so a promotion made on
+one replica reaches every replica (pub/sub with Redis, the state-file poll with
+the file registry); the replica that served the call reconciles at once.
+
+=========================  ====================================================================
+``GET  /admin/registry``   state, last 50 history events, replica reports
+``POST /admin/publish``    ``{"version": str}``: verify the version's files, register it as a candidate
+``POST /admin/promote``    ``{"version": str | null, "skip_gate": bool}``: load and warm it here,
+                           run the collection's quality gate (if any), then make it live
+``POST /admin/rollback``   ``{"reason": str | null}``: swap live and previous
+``POST /admin/reload``     reconcile with the registry now (load, verify, warm, switch)
+=========================  ====================================================================
+
+Errors: 401 ``missing_api_key`` / ``invalid_api_key``, 403 ``admin_disabled`` (no key configured),
+404 ``unknown_version``, 409 ``reload_failed`` / 
+``no_previous`` / ``version_refused`` / ``gate_refused`` / ``conflict``, 422 ``invalid_version``,
+503 ``registry_unavailable`` / ``not_ready``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from adawidth import artifact
+from adawidth.router import FEATURE_NAMES
 from service.auth import require_admin
 from service.errors import ApiError
-
-if TYPE_CHECKING:
-    from service.app import GatewayState
+from service.registry import RegistryError, check_version_name
 
 log = logging.getLogger("service.admin")
 
 
+class PublishBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str = Field(description="Version directory name under <index_root>/<collection>/.")
+
+
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str | None = Field(None, description="Candidate to promote (default: the newest candidate).")
+    skip_gate: bool = Field(False, description="Promote without the quality gate (recorded in the history).")
+
+
 class ReloadResponse(BaseModel):
-    status: Literal["reloaded", "unchanged"] = Field(
-        description="'unchanged' when LIVE already named the version served.")
-    index_version: str = Field(description="The version served from now on.")
+    status: Literal["reloaded", "unchanged"] = Field(description="'unchanged' when the registry's live version "
+                                                                 "was already served.")
+    index_version: str | None = Field(description="The version served from now on.")
     previous_version: str | None = Field(description="The version served before (None when none was).")
 
 
-def build_admin_router(state: "GatewayState") -> APIRouter:
-    """The ``/admin`` router of one app; every route requires the admin key."""
+class RollbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(None, max_length=500, description="Why (recorded in the history).")
+
+
+def _api(e: RegistryError) -> ApiError:
+    return ApiError(e.code, str(e))
+
+
+def build_admin_router(state) -> APIRouter:
+    """Routes bound to a :class:`service.app.GatewayState` (its registry, versions, follower and encoder)."""
     from service.app import error_responses
 
     router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)],
                        responses=error_responses(401, 403))
+    s = state.settings
 
-    @router.post("/reload", response_model=ReloadResponse, responses=error_responses(409))
+    @router.post("/reload", response_model=ReloadResponse, responses=error_responses(409, 503))
     async def reload():
-        """Re-read the LIVE pointer and serve that version (atomic swap; the current one stays on failure)."""
+        """Reconcile with the registry now; on any failure the current version stays live."""
         try:
             previous, current = await run_in_threadpool(state.reload)
-        except Exception as e:  # any failure to load leaves the current version live
+        except Exception as e:  # noqa: BLE001 - any failure to load leaves the current version live
             reason = getattr(e, "code", type(e).__name__)
             log.error("reload failed (%s): %s", reason, e)
-            raise ApiError("reload_failed", f"LIVE could not be loaded ({reason}): {e}; "
-                                            f"still serving {previous_or_none(state)}") from None
+            still = state.live.version if state.live is not None else None
+            raise ApiError("reload_failed", f"the registry's live version could not be served ({reason}); "
+                                            f"still serving {still}") from None
         return {"status": "unchanged" if previous == current else "reloaded",
                 "index_version": current, "previous_version": previous}
 
+    def need_registry():
+        if state.registry is None or state.versions is None:
+            raise ApiError("not_ready", "this replica does not follow a registry (pinned version or not loaded)")
+        return state.registry
+
+    @router.get("/registry")
+    async def registry_state():
+        """The registry's view of this collection, its history and the replicas' reports."""
+        reg = need_registry()
+        try:
+            st, hist, reps = await run_in_threadpool(
+                lambda: (reg.get(s.collection), reg.history(s.collection, 50), reg.replicas(s.collection)))
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"kind": reg.kind, "state": st.as_dict(), "history": hist, "replicas": reps}
+
+    @router.post("/publish")
+    async def publish(body: PublishBody):
+        """Verify a built version's files and register it as a candidate."""
+        reg = need_registry()
+        try:
+            check_version_name(body.version)
+        except RegistryError as e:
+            raise _api(e) from None
+        path = s.index_root / s.collection / body.version
+
+        def run():
+            try:
+                m = artifact.verify_version(path, encoder_sha256=state.encoder.info.onnx_sha256,
+                                            dimension=state.encoder.dimension)
+            except artifact.IndexVersionError as e:
+                if e.code == "missing" and not path.is_dir():
+                    raise ApiError("unknown_version", f"no version {body.version!r} in {s.collection!r}") from None
+                raise ApiError("version_refused", str(e)) from None
+            names = (m.get("router") or {}).get("feature_names")
+            if (m.get("router") or {}).get("pairs") and list(names or ()) != list(FEATURE_NAMES):
+                raise ApiError("version_refused", "[router_mismatch] router feature names differ from this gateway's")
+            return reg.publish(s.collection, body.version, actor="admin-api")
+
+        try:
+            st = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict()}
+
+    @router.post("/promote")
+    async def promote(body: PromoteBody):
+        """Load and warm the candidate on this replica, run the quality gate, make it live."""
+        reg = need_registry()
+
+        def run():
+            from service.gate import run_gate
+            from service.versions import VersionRefused
+
+            st = reg.get(s.collection)
+            version = body.version or (st.candidates[-1] if st.candidates else None)
+            if version is None:
+                raise RegistryError("unknown_version", f"{s.collection!r} has no candidate to promote")
+            check_version_name(version)
+            if version == st.live:
+                return st, None
+            if version not in st.candidates:
+                raise RegistryError("unknown_version", f"{version!r} is not a candidate of {s.collection!r}")
+            try:
+                cand = state.versions.ensure_loaded(version)
+            except VersionRefused as e:
+                raise ApiError("version_refused", str(e)) from None
+            gate = {"skipped": True} if body.skip_gate else None
+            live = state.versions.live
+            if not body.skip_gate and live is not None:
+                try:
+                    gate = run_gate(s.index_root / s.collection, live, cand, state.encoder)
+                except (ValueError, OSError) as e:
+                    raise ApiError("gate_refused", f"quality gate misconfigured: {e}") from None
+                if gate is not None and not gate["passed"]:
+                    reg.record(s.collection, {"action": "refuse", "version": version, "reason": gate["reason"],
+                                              "gate": gate}, actor="admin-api")
+                    if state.cutover_metrics is not None:
+                        state.cutover_metrics.refused.labels(s.collection, "quality_gate").inc()
+                    log.warning("promotion of %s/%s refused: %s", s.collection, version, gate["reason"])
+                    raise ApiError("gate_refused", gate["reason"])
+            st = reg.promote(s.collection, version, gate=gate, actor="admin-api")
+            with contextlib.suppress(RegistryError):  # the follower catches up on its own
+                state.follower.reconcile()
+            return st, gate
+
+        try:
+            st, gate = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict(), "gate": gate}
+
+    @router.post("/rollback")
+    async def rollback(body: RollbackBody | None = None):
+        """Swap live and previous; every replica follows."""
+        reg = need_registry()
+
+        def run():
+            st = reg.rollback(s.collection, reason=body.reason if body else None, actor="admin-api")
+            with contextlib.suppress(RegistryError):
+                state.follower.reconcile()
+            return st
+
+        try:
+            st = await run_in_threadpool(run)
+        except RegistryError as e:
+            raise _api(e) from None
+        return {"state": st.as_dict()}
+
     return router
-
-
-def previous_or_none(state: "GatewayState") -> str | None:
-    return state.live.version if state.live is not None else None

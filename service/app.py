@@ -34,16 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from adawidth import artifact
-from adawidth.artifact import IndexVersionError
 from service.admin import build_admin_router
 from service.auth import require_search_key
 from service.config import GatewaySettings
 from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
-from service.index import IndexVersion, resolve_version_path
+from service.index import IndexVersion
 from service.limits import SearchLimiter, check_deadline
-from service.metrics import STAGES, GatewayMetrics, bounded_method
+from service.metrics import STAGES, CutoverMetrics, GatewayMetrics, bounded_method
 from service.online_cus import OnlineCusMonitor
+from service.versions import VersionManager, start_replica
 
 log = logging.getLogger("service")
 
@@ -105,14 +104,18 @@ def error_responses(*statuses: int) -> dict:
 
 
 class GatewayState:
-    """What the process holds: settings, encoder, the live version, metrics."""
+    """What the process holds: settings, encoder, the versions (live and warm) with the registry follower, metrics."""
 
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry):
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
         self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
+        self.cutover_metrics = CutoverMetrics(self.metrics)
         self.encoder = None
-        self.live: IndexVersion | None = None
+        self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
+                                       settings.canary_queries)
+        self.registry = None  # service.registry.Registry, None when a version is pinned
+        self.follower = None  # service.versions.RegistryFollower
         self.load_error: str | None = None
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
                                      settings.retry_after_s)
@@ -120,74 +123,65 @@ class GatewayState:
         self.metrics.search_queued.set_function(lambda: self.limiter.queued)
         self._reload_lock = threading.Lock()
 
-    def _ensure_encoder(self) -> None:
-        from service.encoder import OnnxEncoder
-
-        if self.encoder is None:
-            s = self.settings
-            self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
-
-    def _load_version(self, version: str | None) -> IndexVersion:
-        """Verify and load ``version`` (None: the LIVE pointer's) for the running encoder.
-
-        Raises:
-            IndexVersionError: as :meth:`IndexVersion.load`, and ``encoder_mismatch`` when the
-                manifest's max_tokens differ from the encoder's (queries would be truncated
-                differently from the documents).
-        """
-        s = self.settings
-        path = resolve_version_path(s.index_root, s.collection, version)
-        loaded = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256,
-                                   dimension=self.encoder.dimension)
-        max_tokens = (loaded.manifest.get("encoder") or {}).get("max_tokens")
-        if max_tokens is not None and max_tokens != self.encoder.max_tokens:
-            raise IndexVersionError("encoder_mismatch", f"version truncates at {max_tokens} tokens, "
-                                                        f"the encoder at {self.encoder.max_tokens}")
-        return loaded
-
-    def _swap(self, version: IndexVersion) -> None:
-        """Make ``version`` live: one reference assignment (requests in flight keep theirs)."""
-        self.live = version
-        self.load_error = None
-        self.metrics.live_version.clear()  # one series: the live version's
-        self.metrics.live_version.labels(version.collection, version.version).set(1)
-        self.metrics.index_documents.set(version.size)
-        self.online_cus.observe_version(version, self.settings.default_rho)
-        log.info("serving %s/%s (%d documents, providers %s)", version.collection, version.version, version.size,
-                 self.encoder.providers)
+    @property
+    def live(self) -> IndexVersion | None:
+        """The live version now (requests take theirs with ``self.versions.acquire()``)."""
+        return self.versions.live
 
     def load(self) -> None:
-        """Load the encoder and the configured (or LIVE) version; failures leave the replica unready."""
+        """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
+        failures leave the replica unready."""
+        from service.encoder import OnnxEncoder
+
+        s = self.settings
         try:
-            self._ensure_encoder()
-            version = self._load_version(self.settings.version)
-        except (IndexVersionError, FileNotFoundError) as e:
+            self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
+        except FileNotFoundError as e:
             self.load_error = str(e)
             log.error("gateway not ready: %s", e)
             return
-        self._swap(version)
+        self.versions.encoder = self.encoder
+        self.versions.on_live = lambda v: self.online_cus.observe_version(v, s.default_rho)
+        self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
+        if self.live is None:
+            log.error("gateway not ready: %s", self.load_error)
+            return
+        log.info("serving %s/%s (%d documents, providers %s, registry %s)", self.live.collection, self.live.version,
+                 self.live.size, self.encoder.providers, self.registry.kind if self.registry else "pinned")
 
-    def reload(self) -> tuple[str | None, str]:
-        """Re-read the collection's LIVE pointer and serve that version.
-
-        The new version is verified and loaded before the swap; on any failure
-        the current one stays live.  Reloads are serialised.
+    def reload(self) -> tuple[str | None, str | None]:
+        """Reconcile with the registry now (``POST /admin/reload``): load, verify, warm and switch to the
+        version the registry names live, instead of waiting for the next poll or notification.
 
         Returns:
-            (previous version or None, live version).
+            (live version before, live version after); equal when nothing changed, and both the
+            pinned version when this replica serves ``settings.version`` without a registry.
 
         Raises:
-            IndexVersionError, FileNotFoundError, or the loader's error.
+            service.registry.RegistryError: the registry is unreachable.
+            service.versions.VersionRefused: the registry's live version failed a check here
+                (the current version stays live).
         """
         with self._reload_lock:
-            self._ensure_encoder()
             previous = self.live.version if self.live is not None else None
-            coll = self.settings.index_root / self.settings.collection
-            target = artifact.read_live_pointer(coll)
-            if target is not None and target == previous:
-                return previous, previous
-            self._swap(self._load_version(None))
-            return previous, self.live.version
+            if self.follower is not None:
+                self.follower.reconcile()
+                target = self.follower.registry.get(self.settings.collection).live
+                if target is not None and target in self.versions.refused:
+                    from service.versions import VersionRefused
+
+                    raise VersionRefused(self.versions.refused[target],
+                                         f"the registry's live version {target} was refused by this replica")
+            return previous, self.live.version if self.live is not None else None
+
+    def close(self) -> None:
+        """Stop following the registry, the limiter and the online-CUS worker."""
+        self.limiter.close()
+        self.online_cus.close()
+        if self.follower is not None:
+            self.follower.stop()
+        if self.registry is not None:
+            self.registry.close()
 
 
 def _validation_error(err: ValidationError) -> ApiError:
@@ -350,8 +344,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if load:
             await run_in_threadpool(state.load)
         yield
-        state.limiter.close()
-        state.online_cus.close()
+        await run_in_threadpool(state.close)
 
     app = FastAPI(title="adawidth gateway", version="0.1.0", lifespan=lifespan,
                   description="Dense retrieval with per-query adaptive embedding width.  "
@@ -414,7 +407,11 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if ctype not in ("application/json", ""):
             raise ApiError("unsupported_media_type", "send the body as application/json")
         req = parse_search_request(await read_body(request, settings.max_body_bytes), settings)
-        version, encoder = state.live, state.encoder  # the one reference this request holds to the end
+        with state.versions.acquire() as version:  # the one reference this request holds to its end
+            return await _serve(req, version, deadline)
+
+    async def _serve(req: SearchRequest, version: IndexVersion | None, deadline: float):
+        encoder = state.encoder
         if version is None or encoder is None:
             raise ApiError("not_ready", "no index version is loaded")
         if isinstance(req.width, int) and req.width > version.dimension:
@@ -463,11 +460,18 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
     @app.get("/readyz", responses={503: {"description": "Not ready: no index version or encoder loaded."}})
     async def readyz():
-        """Readiness: 200 when an index version and the encoder are loaded, else 503."""
-        if state.live is None or state.encoder is None:
-            return JSONResponse({"status": "not_ready", "reason": state.load_error}, status_code=503)
-        return {"status": "ready", "collection": state.live.collection, "index_version": state.live.version,
-                "documents": state.live.size, "encoder_providers": state.encoder.providers}
+        """Readiness: 503 while no index version or encoder is loaded; else 200 with ``status`` "ready", or
+        "degraded" when the registry is unreachable or its live version was refused here (the replica still
+        serves its own live version correctly, so it stays in rotation; see deploy/CUTOVER.md)."""
+        live = state.live
+        if live is None or state.encoder is None:
+            return JSONResponse({"status": "not_ready", "reason": state.load_error or "no live version loaded"},
+                                status_code=503)
+        reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}
+        return {"status": "degraded" if reg["degraded"] else "ready", "collection": live.collection,
+                "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
+                **reg}
+
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"description": "Prometheus text exposition.", "content": {CONTENT_TYPE_LATEST: {}}}})

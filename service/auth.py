@@ -1,6 +1,6 @@
 """API-key authentication as reusable FastAPI dependencies.
 
-Clients send ``Authorization: Bearer <key>``.  Keys are compared in constant
+Clients send ``Authorization: Bearer <key>`` (or ``X-API-Key: <key>``).  Keys are compared in constant
 time (:func:`hmac.compare_digest` over SHA-256 digests, so neither the content
 nor the length of the configured key leaks through timing).
 
@@ -39,11 +39,20 @@ def key_matches(presented: str, expected: SecretStr) -> bool:
     return hmac.compare_digest(_digest(presented), _digest(expected.get_secret_value()))
 
 
-def _check(credentials: HTTPAuthorizationCredentials | None, expected: SecretStr, realm: str) -> None:
+def _presented(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    if credentials is not None and credentials.credentials:
+        return credentials.credentials
+    return request.headers.get("x-api-key") or None
+
+
+def _check(request: Request, credentials: HTTPAuthorizationCredentials | None, expected: SecretStr,
+           realm: str) -> None:
     challenge = {"WWW-Authenticate": f'Bearer realm="{realm}"'}
-    if credentials is None or not credentials.credentials:
-        raise ApiError("missing_api_key", "send the API key as 'Authorization: Bearer <key>'", headers=challenge)
-    if not key_matches(credentials.credentials, expected):
+    presented = _presented(request, credentials)
+    if presented is None:
+        raise ApiError("missing_api_key", "send the API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+                       headers=challenge)
+    if not key_matches(presented, expected):
         raise ApiError("invalid_api_key", "the API key is not valid", headers=challenge)
 
 
@@ -61,7 +70,7 @@ async def require_admin(request: Request,
     key = request.app.state.gw.settings.admin_api_key
     if not _configured(key):
         raise ApiError("admin_disabled", "admin endpoints are disabled: no admin_api_key is configured")
-    _check(credentials, key, "admin")
+    _check(request, credentials, key, "admin")
 
 
 async def require_search_key(request: Request,
@@ -73,4 +82,4 @@ async def require_search_key(request: Request,
     """
     key = request.app.state.gw.settings.search_api_key
     if _configured(key):
-        _check(credentials, key, "search")
+        _check(request, credentials, key, "search")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_SECRET_CHARS = 16
@@ -77,6 +77,18 @@ class GatewaySettings(BaseSettings):
                                                       "full-width top-1 off the request path (online CUS).")
     online_cus_queue_size: int = Field(1000, ge=1, description="Bound of the online-CUS sample queue; "
                                                                "samples beyond it are dropped and counted.")
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("redis_url", "ADAWIDTH_REDIS_URL", "REDIS_URL"),
+        description="Redis URL of the version registry (env ADAWIDTH_REDIS_URL or REDIS_URL); unset: the file "
+                    "registry on the index volume.")
+    registry_poll_s: float = Field(1.0, gt=0, description="Seconds between reconciles with the registry when no "
+                                   "change notification arrives (pub/sub with Redis wakes replicas at once).")
+    registry_backoff_max_s: float = Field(5.0, gt=0, description="Longest wait between reconnect attempts while the "
+                                          "registry is unreachable, in seconds (doubling from 0.2 s).")
+    replica_id: str | None = Field(None, description="This replica's id in the registry (default <hostname>:<port>).")
+    canary_queries: tuple[str, ...] = Field(
+        ("what causes inflammation", "effect of vitamin d on bone density", "gene expression in cancer cells"),
+        description="Queries run through the full path at every width policy before a new version counts as warm.")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
 

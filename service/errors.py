@@ -40,6 +40,14 @@ STATUS_OF_CODE: dict[str, int] = {
     "not_ready": 503,
     "deadline_exceeded": 503,
     "internal_error": 500,
+    # admin / version registry (issue 3)
+    "invalid_version": 422,
+    "unknown_version": 404,
+    "no_previous": 409,
+    "conflict": 409,
+    "version_refused": 409,
+    "gate_refused": 409,
+    "registry_unavailable": 503,
 }
 
 MAX_ECHO_CHARS = 64

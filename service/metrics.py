@@ -52,3 +52,33 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPT
 def bounded_method(method: str) -> str:
     """The HTTP method as a label value: the standard ones as themselves, anything else ``other``."""
     return method if method in KNOWN_METHODS else "other"
+
+
+VERSION_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class CutoverMetrics:
+    """Series of blue/green cutover (issue 3), on the same registry as ``gateway``'s.
+
+    Labels are bounded: ``collection`` is the one collection a replica serves and
+    ``reason`` is one of :data:`service.versions.REFUSAL_CODES`.  The live version
+    itself is only a label of ``adawidth_live_version_info`` (one series at a time).
+    """
+
+    def __init__(self, gateway: GatewayMetrics):
+        registry = gateway.registry
+        self.live_version = gateway.live_version
+        self.index_documents = gateway.index_documents
+        self.cutovers = Counter("adawidth_cutovers_total", "Live-version switches made by this replica "
+                                "(promotions; rollbacks are counted apart).", ["collection"], registry=registry)
+        self.rollbacks = Counter("adawidth_rollbacks_total", "Live-version switches made by a registry rollback.",
+                                 ["collection"], registry=registry)
+        self.load_seconds = Histogram("adawidth_version_load_seconds", "Seconds to verify, load and warm one index "
+                                      "version.", ["collection"], buckets=VERSION_LOAD_BUCKETS, registry=registry)
+        self.refused = Counter("adawidth_versions_refused_total", "Index versions this replica refused to load, by "
+                               "reason code.", ["collection", "reason"], registry=registry)
+        self.registry_up = Gauge("adawidth_registry_up", "1 when the last exchange with the version registry "
+                                 "succeeded, 0 while it is unreachable.", registry=registry)
+        self.loaded_versions = Gauge("adawidth_loaded_versions", "Index versions held in memory (live, rollback "
+                                     "target, warm candidates, and retired ones still held by requests).",
+                                     registry=registry)

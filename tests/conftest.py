@@ -44,7 +44,7 @@ def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
     from trainer.config import TrainerSettings
 
     home = tmp_path_factory.mktemp("home")
-    settings = TrainerSettings(home=home, encoder_dir=encoder_dir,
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
     build_index(BuildOptions(dataset=SCIFACT), settings, encoder)
     (home / "models").mkdir(exist_ok=True)
@@ -71,6 +71,8 @@ def gateway_url(scifact_home):
     """A real gateway process (uvicorn) serving the session's SciFact index."""
     port = free_port()
     env = dict(os.environ, ADAWIDTH_HOME=str(scifact_home), ADAWIDTH_PORT=str(port), ADAWIDTH_COLLECTION="scifact")
+    for name in ("REDIS_URL", "ADAWIDTH_REDIS_URL"):  # the file registry of this home, whatever the shell says
+        env.pop(name, None)
     log = open(scifact_home / "gateway.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -102,6 +104,32 @@ def app_client(scifact_home):
     from service.app import create_app
     from service.config import GatewaySettings
 
-    app = create_app(GatewaySettings(home=scifact_home, collection="scifact"), CollectorRegistry())
+    app = create_app(GatewaySettings(home=scifact_home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def pca_version(tmp_path_factory, encoder_dir, encoder) -> Path:
+    """A second SciFact version for the cutover tests: PCA rotation, one router, no evaluation (built in seconds
+    from the cached embeddings; its rankings differ from the adapter version's).  Not registered anywhere."""
+    from trainer.build import BuildOptions, build_index
+    from trainer.config import TrainerSettings
+
+    home = tmp_path_factory.mktemp("pca-build")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    path, _ = build_index(BuildOptions(dataset=SCIFACT, rotation="pca", eval_split=None, action_pairs=((64, 128),),
+                                       default_pair=(64, 128), publish=False), settings, encoder)
+    return path
+
+
+def make_cutover_home(root: Path, encoder_dir: Path, versions: list[Path]) -> Path:
+    """A fresh home whose scifact collection links the given (immutable) version directories; no registry yet."""
+    coll = root / "indexes" / "scifact"
+    coll.mkdir(parents=True)
+    for v in versions:
+        os.symlink(v, coll / v.name)
+    (root / "models").mkdir()
+    os.symlink(encoder_dir, root / "models" / "minilm-onnx")
+    return root

@@ -13,7 +13,8 @@ Steps (each logged with its duration):
    cliff, CUS, failure AUC, prefix-sufficiency scaling) on the evaluation split and
    the served rotation, plus the offline baseline of the gateway's online CUS;
 7. the version is written atomically (manifest last) and, with ``publish``,
-   made live.
+   registered in the version registry as a candidate (the collection's first
+   version, or any with ``promote``, is promoted at once).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class BuildOptions:
     default_pair: tuple[int, int] = (64, 128)
     default_rho: float = 0.2
     seed: int = 0
-    publish: bool = True
+    publish: bool = True                   # register as a candidate (first version of a collection: promoted)
+    promote: bool = False                  # also promote it right away (no quality gate; use `trainer promote`)
     adapter: dict = field(default_factory=dict)  # overrides of trainer.adapter.AdapterConfig
     router_crossfit_folds: int = 4         # adapters trained without each fold produce the router's training data
     capacity: bool = True                  # compute the capacity report (needs the evaluation split)
@@ -310,9 +312,19 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     }
     coll_dir = Path(settings.index_root) / name
     path = artifact.write_version(coll_dir, version, writers, manifest)
-    if opts.publish:
-        artifact.write_live_pointer(coll_dir, version)
-    log.info("wrote %s%s", path, " (live)" if opts.publish else "")
+    live = False
+    if opts.publish or opts.promote:
+        from service.registry import open_registry
+
+        registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
+        try:
+            state = registry.publish(name, version, actor="trainer build")
+            if opts.promote or state.live is None:
+                registry.promote(name, version, actor="trainer build")
+                live = True
+        finally:
+            registry.close()
+    log.info("wrote %s%s", path, " (live)" if live else " (candidate)" if opts.publish else "")
     return path, artifact.read_manifest(path)
 
 

@@ -2,10 +2,17 @@
 
 Commands:
   export-encoder   export all-MiniLM-L6-v2 to ONNX once (cached)
-  build            build an index version of a BEIR folder (and make it live)
-  list             list the versions of a collection, marking the live one
-  publish          make an existing version live (the file registry's pointer)
+  build            build an index version of a BEIR folder and register it as a candidate
+                   (a collection's first version is made live at once)
+  list             list the versions of a collection (* live, p previous, c candidate)
+  publish          verify a version and register it as a candidate
+  promote          make a candidate live on every replica (quality gate first, if configured)
+  rollback         swap live and previous on every replica
+  status           registry state, history and replica reports (JSON)
   serve            long-lived: rebuild and publish when the dataset changes; /metrics with capacity gauges
+
+The registry is Redis when REDIS_URL (or ADAWIDTH_REDIS_URL) is set, else the
+file registry on the index volume.  See deploy/CUTOVER.md.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import logging
 import sys
 from pathlib import Path
 
-from adawidth import artifact
 from adawidth.beir import DatasetFormatError
+from trainer import registry_cli
 from trainer.config import TrainerSettings
 
 
@@ -40,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("build", help="build an index version of a BEIR folder")
     _build_arguments(b)
-    b.add_argument("--no-publish", action="store_true", help="write the version but do not make it live")
+    b.add_argument("--no-publish", action="store_true", help="write the version but do not register it")
+    b.add_argument("--promote", action="store_true", help="also make it live at once (no quality gate)")
 
     sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics")
     _build_arguments(sv)
@@ -48,12 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--host", default="127.0.0.1", help="bind address of /metrics")
     sv.add_argument("--poll-seconds", type=float, default=60.0, help="seconds between dataset fingerprint checks")
 
-    ls = sub.add_parser("list", help="list versions of a collection")
-    ls.add_argument("collection")
-
-    pub = sub.add_parser("publish", help="make a version live")
-    pub.add_argument("collection")
-    pub.add_argument("version")
+    registry_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = BuildOptions(dataset=args.dataset, collection=args.collection, train_split=args.train_split,
                             eval_split=args.eval_split, rotation=args.rotation, m0=args.m0, shortlist=args.shortlist,
                             action_pairs=tuple(args.pairs), default_pair=args.default_pair, seed=args.seed,
-                            publish=args.command == "serve" or not args.no_publish, adapter=adapter,
+                            publish=args.command == "serve" or not args.no_publish,
+                            promote=getattr(args, "promote", False), adapter=adapter,
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
@@ -85,23 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         except DatasetFormatError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(json.dumps({"version": manifest["version"], "path": str(path), "live": not args.no_publish}))
+        print(json.dumps({"version": manifest["version"], "path": str(path), "registered": not args.no_publish}))
         return 0
-    coll_dir = Path(settings.index_root) / args.collection
-    if args.command == "list":
-        live = artifact.read_live_pointer(coll_dir)
-        for v in artifact.list_versions(coll_dir):
-            print(f"{'*' if v == live else ' '} {v}")
-        return 0
-    if args.command == "publish":
-        try:
-            artifact.verify_version(coll_dir / args.version)
-            artifact.write_live_pointer(coll_dir, args.version)
-        except artifact.IndexVersionError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"{args.collection}: {args.version} is live")
-        return 0
+    if args.command in registry_cli.COMMANDS:
+        return registry_cli.run(args, settings)
     return 1
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,6 +17,10 @@ class TrainerSettings(BaseSettings):
     index_root: Path | None = Field(None, description="Root of index versions (default <home>/indexes).")
     encoder_dir: Path | None = Field(None, description="ONNX encoder export (default <home>/models/minilm-onnx).")
     embedding_cache: Path | None = Field(None, description="SQLite embedding cache (default <home>/cache/embeddings.sqlite).")
+    redis_url: str | None = Field(
+        None, validation_alias=AliasChoices("redis_url", "ADAWIDTH_REDIS_URL", "REDIS_URL"),
+        description="Redis URL of the version registry (env ADAWIDTH_REDIS_URL or REDIS_URL); unset: the file "
+                    "registry on the index volume.")
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = all cores.")
     encode_batch_size: int = Field(32, ge=1, description="Texts per ONNX call when encoding the corpus.")
 

@@ -1,0 +1,280 @@
+"""Helpers of the cutover tests: a private redis-server, gateway processes, a concurrent load generator,
+the trainer CLI, and the offline reference of served answers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
+
+
+class RedisServer:
+    """A redis-server of the test's own on a free port, append-only file in ``workdir`` (survives restarts)."""
+
+    def __init__(self, workdir: Path):
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (apt-get install redis-server); the cutover tests need it")
+        self.exe, self.workdir, self.port = exe, Path(workdir), free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = open(self.workdir / "redis.log", "a")
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis(port=self.port, socket_connect_timeout=0.5).ping():
+                    return
+            except redis.ConnectionError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start: {(self.workdir / 'redis.log').read_text()[-1000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, not a clean shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+
+@dataclass
+class Gateway:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def gateway_env(home: Path, redis_url: str | None, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",) and not k.startswith("ADAWIDTH_")}
+    env.update(ADAWIDTH_HOME=str(home), ADAWIDTH_COLLECTION="scifact", ADAWIDTH_ADMIN_API_KEY=ADMIN_KEY,
+               ADAWIDTH_REGISTRY_POLL_S="0.5", ADAWIDTH_REGISTRY_BACKOFF_MAX_S="1", ADAWIDTH_ENCODER_THREADS="1")
+    if redis_url:
+        env["ADAWIDTH_REDIS_URL"] = redis_url
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start_gateways(home: Path, redis_url: str | None, names: list[str], timeout_s: float = 180) -> list[Gateway]:
+    """Start one ``python -m service`` per name (in parallel) and wait until each answers /readyz 200."""
+    gws = []
+    for name in names:
+        port = free_port()
+        log_path = home / f"gateway-{name}.log"
+        env = gateway_env(home, redis_url, ADAWIDTH_PORT=port, ADAWIDTH_REPLICA_ID=name)
+        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=open(log_path, "w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        gws.append(Gateway(name, f"http://127.0.0.1:{port}", proc, log_path))
+    deadline = time.monotonic() + timeout_s
+    for gw in gws:
+        while True:
+            if gw.proc.poll() is not None:
+                raise RuntimeError(f"gateway {gw.name} exited: {gw.log()[-3000:]}")
+            try:
+                if httpx.get(f"{gw.url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                for g in gws:
+                    g.stop()
+                raise TimeoutError(f"gateway {gw.name} not ready in {timeout_s} s: {gw.log()[-3000:]}")
+            time.sleep(0.2)
+    return gws
+
+
+def trainer_cli(home: Path, redis_url: str | None, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    """Run ``python -m trainer <args>`` against ``home`` (and Redis when given)."""
+    env = gateway_env(home, redis_url)
+    env.pop("ADAWIDTH_ADMIN_API_KEY")
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def readyz(url: str) -> tuple[int, dict]:
+    r = httpx.get(f"{url}/readyz", timeout=5)
+    return r.status_code, r.json()
+
+
+def wait_converged(gateways: list[Gateway], version: str, since: float, bound_s: float = 5.0) -> float:
+    """Poll every replica's /readyz until all serve ``version``; return seconds since ``since`` (unix time).
+
+    Fails the test when they have not converged ``bound_s`` seconds after ``since``.
+    """
+    pending = {g.name for g in gateways}
+    last = {}
+    while pending:
+        for g in gateways:
+            if g.name in pending:
+                try:
+                    code, body = readyz(g.url)
+                    last[g.name] = body.get("index_version")
+                    if code == 200 and body.get("index_version") == version:
+                        pending.discard(g.name)
+                except httpx.HTTPError as e:
+                    last[g.name] = repr(e)
+        if not pending:
+            break
+        if time.time() - since > bound_s:
+            pytest.fail(f"replicas {sorted(pending)} not on {version} {bound_s} s after the switch: {last}")
+        time.sleep(0.05)
+    return time.time() - since
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """Value of one Prometheus sample of a replica (0.0 when the series does not exist yet)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        series = key.split("{")[0]
+        lab = key[len(series):].strip("{}")
+        if series == name and ",".join(sorted(lab.split(","))) == want:
+            return float(value)
+    return 0.0
+
+
+@dataclass
+class Outcome:
+    query: int
+    width: object
+    status: int | None
+    version: str | None = None
+    ids: list[str] | None = None
+    scores: list[float] | None = None
+    error: str | None = None
+    started_at: float = 0.0
+    done_at: float = 0.0
+
+
+@dataclass
+class LoadGenerator:
+    """``concurrency`` clients looping over (query, width) pairs round-robin across the replicas until stopped."""
+
+    urls: list[str]
+    queries: list[str]
+    widths: tuple = (64, "full", "auto")
+    concurrency: int = 24
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._lock = threading.Lock()
+        self._pairs = itertools.cycle([(q, w) for q in range(len(self.queries)) for w in self.widths])
+        self._url = itertools.cycle(self.urls)
+
+    @property
+    def count(self) -> int:
+        return len(self.outcomes)
+
+    def start(self) -> "LoadGenerator":
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def wait_for(self, n: int, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.count < n:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise TimeoutError(f"load generator reached {self.count} of {n} requests")
+            time.sleep(0.05)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(60)
+        return time.monotonic() - self.started
+
+    async def _main(self):
+        # idle keep-alive connections expire on the client (2 s) before uvicorn closes them (5 s): with equal
+        # timeouts a request sent on a connection the server is closing fails with ReadError, a client-side
+        # race that says nothing about the gateway (a load balancer must be configured the same way)
+        limits = httpx.Limits(max_connections=self.concurrency * 2, max_keepalive_connections=self.concurrency * 2,
+                              keepalive_expiry=2.0)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            await asyncio.gather(*(self._worker(client) for _ in range(self.concurrency)))
+
+    async def _worker(self, client):
+        while not self._stop.is_set():
+            with self._lock:
+                q, w = next(self._pairs)
+                url = next(self._url)
+            started = time.time()
+            try:
+                r = await client.post(f"{url}/v1/search", json={"query": self.queries[q], "k": 10, "width": w})
+                if r.status_code == 200:
+                    data = r.json()
+                    o = Outcome(q, w, 200, data["trace"]["index_version"], [h["id"] for h in data["results"]],
+                                [h["score"] for h in data["results"]])
+                else:
+                    o = Outcome(q, w, r.status_code, error=r.text[:300])
+            except Exception as e:  # a refused/reset connection is a failed request too
+                o = Outcome(q, w, None, error=repr(e))
+            o.started_at, o.done_at = started, time.time()
+            self.outcomes.append(o)
+
+
+def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dict[str, Path], encoder) -> int:
+    """Assert every answer equals what its version returns offline for that query; returns the pairs checked.
+
+    The offline answer is ``IndexVersion.load(dir).search(encoder.encode([query])[0], 10, width)``.
+    """
+    import numpy as np
+
+    from service.index import IndexVersion
+
+    loaded = {v: IndexVersion.load(p) for v, p in version_dirs.items()}
+    emb = {}
+    expected = {}
+    for o in outcomes:
+        key = (o.query, o.width, o.version)
+        if key not in expected:
+            if o.query not in emb:
+                emb[o.query] = encoder.encode([queries[o.query]])[0]
+            out = loaded[o.version].search(emb[o.query], 10, o.width)
+            expected[key] = (out.ids, out.scores)
+        ids, scores = expected[key]
+        assert o.ids == ids, f"query {o.query} width {o.width} on {o.version}: served {o.ids[:3]}... != offline {ids[:3]}..."
+        assert np.allclose(o.scores, scores, atol=1e-5), (o.query, o.width, o.version)
+    return len(expected)
