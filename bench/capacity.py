@@ -4,6 +4,8 @@ Usage::
 
     python bench/capacity.py --dataset /work/shared/data/cranfield --rotation pca [--png]
     python bench/capacity.py --summary        # only rebuild the summary table
+    python -m trainer build --dataset data/scifact && \
+        python bench/capacity.py --from-version var/indexes/scifact/<version> --png   # an existing version
 
 For each ``--dataset`` it runs the real trainer build (``trainer.build.build_index``,
 the same code as ``python -m trainer build``) into a temporary home (the
@@ -64,6 +66,30 @@ def run_one(dataset: Path, rotation: str, png: bool, out: Path, command: str, ca
     return report
 
 
+def collect_version(version_dir: Path, png: bool, out: Path, command: str) -> dict:
+    """Copy the capacity report of an already built version (``python -m trainer build ...``)."""
+    from adawidth import artifact
+    from trainer.capacity_report import PLOTS, render_markdown
+
+    manifest = artifact.verify_version(version_dir)
+    report = json.loads((version_dir / "capacity.json").read_text(encoding="utf-8"))
+    rotation = manifest["adapter"]["kind"]
+    name = f"{manifest['collection']}_{rotation}"
+    report.pop("per_query", None)
+    report["meta"] = {**report.get("meta", {}), "index_version": manifest["version"],
+                      "build_seconds_capacity": manifest["build_seconds"].get("capacity report")}
+    report["command"] = command
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if png:
+        for p in PLOTS:
+            shutil.copy(version_dir / p, out / f"{name}_{p}")
+    (out / f"{name}.md").write_text(render_markdown(report, f"{manifest['collection']} ({rotation} rotation)",
+                                                    command=command, plots=png, plot_prefix=f"{name}_"),
+                                    encoding="utf-8")
+    return report
+
+
 def _f(v, d=3):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
@@ -120,7 +146,13 @@ def main(argv=None) -> int:
     ap.add_argument("--png", action="store_true", help="also copy the three PNG plots")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--summary", action="store_true", help="only rewrite README.md from the JSON files")
+    ap.add_argument("--from-version", type=Path, help="collect the report of a version built by `trainer build`")
+    ap.add_argument("--build-command", default="", help="with --from-version: the command that built it")
     args = ap.parse_args(argv)
+    if args.from_version:
+        cmd = (f"{args.build_command} && " if args.build_command else "") + \
+            f"python bench/capacity.py --from-version {args.from_version}" + (" --png" if args.png else "")
+        collect_version(args.from_version, args.png, args.out, cmd)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for ds in args.dataset:
         cmd = f"python bench/capacity.py --dataset {ds} --rotation {args.rotation}" + (" --png" if args.png else "")
