@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                             eval_split=args.eval_split, rotation=args.rotation, m0=args.m0, shortlist=args.shortlist,
                             action_pairs=tuple(args.pairs), default_pair=args.default_pair, seed=args.seed,
                             publish=args.command == "serve" or not args.no_publish,
-                            promote=getattr(args, "promote", False), adapter=adapter,
+                            # the daemon's rebuilds go live at once (quality gate aside): that is what
+                            # "rebuild and publish on new data" means for an unattended trainer
+                            promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)

@@ -5,12 +5,12 @@
 Every ``poll_seconds`` the daemon computes the dataset fingerprint
 (:func:`trainer.build.dataset_fingerprint`, a hash of the BEIR files).  When no
 version of the collection was built from those bytes (manifest
-``corpus.dataset_fingerprint``), it builds a new version and publishes it (a
-build that fails is logged, counted and not retried until the data change
+``corpus.dataset_fingerprint``), it builds a new version, publishes it to the version registry and promotes it
+(a build that fails is logged, counted and not retried until the data change
 again).  A version built from the current data that is not live means an
-operator rolled back (``trainer publish``): the daemon respects it.  It then exports the capacity report of
-the collection's live version (which also follows a ``trainer publish``
-rollback) and removes the series of the version it replaced.
+operator rolled back (``trainer rollback``): the daemon respects it.  It then exports the capacity report of
+the collection's live version (which follows ``trainer promote`` / ``rollback``)
+and removes the series of the version it replaced.
 
 Series (injected registry; capacity gauges carry only ``collection`` and ``version``):
 

@@ -103,8 +103,8 @@ def test_trainer_serve_rebuilds_on_new_data_and_exports_capacity(tmp_path):
         assert not [k for k in m if k[1] == v1]
         live = json.loads((home / "indexes" / "limit" / "LIVE").read_text())["version"]
         assert live == v2
-        # rollback by an operator: the daemon follows the LIVE pointer and does not rebuild
-        r = subprocess.run([sys.executable, "-m", "trainer", "--home", str(home), "publish", "limit", v1], cwd=ROOT,
+        # rollback by an operator: the daemon follows the registry's live version and does not rebuild
+        r = subprocess.run([sys.executable, "-m", "trainer", "--home", str(home), "rollback", "limit"], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         m = wait_for(url, proc, lambda m: versions(m) == {v1}, 60, log)
