@@ -93,7 +93,7 @@ def build_admin_router(state) -> APIRouter:
             raise ApiError("not_ready", "this replica does not follow a registry (pinned version or not loaded)")
         return state.registry
 
-    @router.get("/registry")
+    @router.get("/registry", responses=error_responses(503))
     async def registry_state():
         """The registry's view of this collection, its history and the replicas' reports."""
         reg = need_registry()
@@ -104,7 +104,7 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"kind": reg.kind, "state": st.as_dict(), "history": hist, "replicas": reps}
 
-    @router.post("/publish")
+    @router.post("/publish", responses=error_responses(404, 409, 422, 503))
     async def publish(body: PublishBody):
         """Verify a built version's files and register it as a candidate."""
         reg = need_registry()
@@ -133,7 +133,7 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"state": st.as_dict()}
 
-    @router.post("/promote")
+    @router.post("/promote", responses=error_responses(404, 409, 422, 503))
     async def promote(body: PromoteBody):
         """Load and warm the candidate on this replica, run the quality gate, make it live."""
         reg = need_registry()
@@ -180,7 +180,7 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"state": st.as_dict(), "gate": gate}
 
-    @router.post("/rollback")
+    @router.post("/rollback", responses=error_responses(409, 422, 503))
     async def rollback(body: RollbackBody | None = None):
         """Swap live and previous; every replica follows."""
         reg = need_registry()
