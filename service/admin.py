@@ -71,7 +71,7 @@ def build_admin_router(state) -> APIRouter:
     from service.app import error_responses
 
     router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)],
-                       responses=error_responses(401, 403))
+                       responses=error_responses(400, 401, 403))
     s = state.settings
 
     @router.post("/reload", response_model=ReloadResponse, responses=error_responses(409, 503))

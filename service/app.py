@@ -378,7 +378,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        # 400 comes from FastAPI's own body parsing (admin routes): a body that is not (UTF-8) JSON
+        code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         if code is None:
             return JSONResponse({"error": {"code": "http_error", "message": str(exc.detail), "field": None}},
                                 status_code=exc.status_code)
