@@ -83,13 +83,18 @@ def main(argv: list[str] | None = None) -> int:
                             # the daemon's rebuilds go live at once (quality gate aside): that is what
                             # "rebuild and publish on new data" means for an unattended trainer
                             promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
-                            router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity)
+                            router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
+                            stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
             path, manifest = build_index(opts, settings, encoder)
         except DatasetFormatError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:  # inconsistent options, e.g. a learned rotation without training qrels
+            hint = " (use --rotation pca for a collection without a train split)" if "needs training" in str(e) else ""
+            print(f"error: {e}{hint}", file=sys.stderr)
             return 2
         print(json.dumps({"version": manifest["version"], "path": str(path), "registered": not args.no_publish}))
         return 0
@@ -137,6 +142,11 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                    help="train the router on queries ranked by adapters that did not see them (0: off)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-capacity", action="store_true", help="skip the capacity report")
+    b.add_argument("--stage1-policy", action="store_true",
+                   help="also fit the per-query funnel policy (stage-1 width, shortlist, rescoring width); "
+                        "width 'auto' then uses it (bench/results/adaptive/)")
+    b.add_argument("--stage1-policy-tau", type=float, default=0.95,
+                   help="the policy's bar: cheapest configuration predicted to keep this share of the full-width top-10")
 
 
 if __name__ == "__main__":
