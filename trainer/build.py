@@ -196,6 +196,10 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     splits = available_splits(opts.dataset)
     eval_split = opts.eval_split if opts.eval_split in splits else None
     train_split = opts.train_split if opts.train_split in splits else None
+    if train_split is None and (opts.rotation.startswith("adapter") or opts.stage1_policy):
+        what = f"rotation {opts.rotation!r}" if opts.rotation.startswith("adapter") else "the stage-1 policy"
+        raise ValueError(f"{what} needs training qrels ({opts.train_split!r} split not found in {opts.dataset}; "
+                         f"it has {splits or 'no'} splits)")
     col = load_collection(opts.dataset, eval_split or (splits[0] if splits else "test"))
     name = opts.collection or col.name
     doc_ids = [d.doc_id for d in col.corpus]

@@ -1,0 +1,20 @@
+"""The trainer CLI refuses inconsistent builds with a one-line error and exit status 2, before any encoding."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_adapter_build_without_a_train_split_says_to_use_pca(tmp_path, encoder_dir):
+    (tmp_path / "models").mkdir()
+    os.symlink(encoder_dir, tmp_path / "models" / "minilm-onnx")
+    env = dict(os.environ, ADAWIDTH_HOME=str(tmp_path), HF_HUB_OFFLINE="1")
+    p = subprocess.run([sys.executable, "-m", "trainer", "build", "--dataset", str(ROOT / "data" / "limit-small")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rotation 'adapter' needs training qrels") and "--rotation pca" in last
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "indexes").exists() or not any((tmp_path / "indexes").rglob("manifest.json"))
