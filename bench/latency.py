@@ -110,8 +110,13 @@ class Corpus:
         rng = np.random.default_rng(0)
         train = prefixes[rng.choice(self.N, min(self.N, 64 * nlist), replace=False)]
         t = time.perf_counter()
-        ivf.train(train)
-        ivf.add(prefixes)
+        default = faiss.cvar.distance_compute_blas_threshold
+        faiss.cvar.distance_compute_blas_threshold = 20  # batched assignment through BLAS while building only
+        try:
+            ivf.train(train)
+            ivf.add(prefixes)
+        finally:
+            faiss.cvar.distance_compute_blas_threshold = default
         self.ivf_build_s = time.perf_counter() - t
         ivf.nprobe = min(NPROBE, nlist)
         self.nlist = nlist
