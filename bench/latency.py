@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adawidth.beir import load_collection  # noqa: E402
+from adawidth.beir import load_collection, load_qrels  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
 from adawidth.prefix import prefix_normalize  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
@@ -95,6 +95,7 @@ class Corpus:
         import faiss
 
         self.name, self.version, self.labels = name, version, labels
+        self.unseen: set[str] = set()  # labelled queries whose relevant documents no training query cites
         self.q_embed = q_embed                 # (Q, D) encoder embeddings
         self.q_rot = queries_rot               # (Q, D) rotated, for the baseline (R orthogonal: same scores)
         docs = np.ascontiguousarray(version.docs, dtype=np.float32)
@@ -194,8 +195,9 @@ def saturation_qps(fn, n_queries: int, seconds: float, threads: int) -> float:
 
 def quality(c: Corpus, ids_per_query: list[list[str]], exact_ids: list[list[str]], qids: list[str]) -> dict:
     if c.labels is not None:
-        nd = [ndcg_at_k(ids, c.labels[q], 10) for ids, q in zip(ids_per_query, qids)]
-        return {"ndcg@10": float(np.mean(nd))}
+        nd = np.array([ndcg_at_k(ids, c.labels[q], 10) for ids, q in zip(ids_per_query, qids)])
+        unseen = np.array([q in c.unseen for q in qids[:len(nd)]])
+        return {"ndcg@10": float(nd.mean()), "ndcg@10_unseen": float(nd[unseen].mean()) if unseen.any() else None}
     ov = [len(set(a[:K]) & set(b[:K])) / K for a, b in zip(ids_per_query, exact_ids)]
     return {"overlap@10_with_exact": float(np.mean(ov))}
 
@@ -243,7 +245,7 @@ def bench_corpus(c: Corpus, qids: list[str], n_queries: int, sat_seconds: float,
         r["qps_ratio"] = r["qps_saturation"] / base["qps_saturation"]
         for key in ("ndcg@10", "overlap@10_with_exact"):
             if key in r:
-                r["quality_ratio"] = r[key] / base[key]
+                r["quality_ratio"] = r[key] / max(base[key], 1e-12)
     return {"corpus": c.name, "documents": c.N, "queries": n_queries, "nlist": c.nlist,
             "ivf_build_seconds": round(c.ivf_build_s, 1), "memory": c.memory(), "rows": results}
 
@@ -377,14 +379,16 @@ def render_markdown(r: dict) -> str:
     for c in r["corpora"]:
         qual = "NDCG@10" if c["corpus"] == "scifact" else "top-10 overlap with exact"
         L += ["", f"## {c['corpus']}: {c['documents']:,} documents, {c['queries']} queries (k = {K})", "",
-              f"| policy | stage 1 | coordinates / query | × full | {qual} | × full | mean width | escalated | "
+              f"| policy | stage 1 | coordinates / query | × full | {qual} | × full | "
+              + ("NDCG@10 unseen | " if c["corpus"] == "scifact" else "") + "mean width | escalated | "
               "p50 ms | p95 ms | p99 ms | p50 × full | stage-1 p50 ms | scan GB/s | q/s at saturation | × full |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---" * (17 if c["corpus"] == "scifact" else 16) + "|"]
         for row in c["rows"]:
             qv = row.get("ndcg@10", row.get("overlap@10_with_exact"))
             L.append(f"| {row['policy']} | {row['stage1']} | {row['coordinates_per_query']:,.0f} | "
                      f"{row['coordinates_ratio']:.3f} | {qv:.4f} | {row['quality_ratio']:.3f} | "
-                     f"{f(row.get('mean_width'), '{:.1f}')} | {f(row.get('escalation_rate'), '{:.0%}')} | "
+                     + (f"{f(row.get('ndcg@10_unseen'), '{:.4f}')} | " if c["corpus"] == "scifact" else "")
+                     + f"{f(row.get('mean_width'), '{:.1f}')} | {f(row.get('escalation_rate'), '{:.0%}')} | "
                      f"{row['p50_ms']:.2f} | {row['p95_ms']:.2f} | {row['p99_ms']:.2f} | {row['p50_ratio']:.3f} | "
                      f"{f(row.get('stage1_p50_ms'))} | {f(row.get('scan_gbs'), '{:.1f}')} | "
                      f"{row['qps_saturation']:.0f} | {row['qps_ratio']:.2f} |")
@@ -461,7 +465,14 @@ def main(argv=None) -> int:
 
     corpora = []
     c = Corpus(args.collection, scifact, col.qrels, Q_rot, Q)
+    try:
+        cited = {d for j in load_qrels(args.dataset, "train").values() for d, g in j.items() if g > 0}
+        c.unseen = {q for q in qids if not any(d in cited for d, g in col.qrels[q].items() if g > 0)}
+    except (FileNotFoundError, OSError):
+        pass
     corpora.append(bench_corpus(c, qids, args.queries, args.sat_seconds, args.threads, log))
+    c_unseen = {q for q in qids[:corpora[-1]["queries"]] if q in c.unseen}
+    corpora[-1]["unseen_queries"] = len(c_unseen)
     fs = None
     del c
     for n in args.sizes:
@@ -489,6 +500,13 @@ def main(argv=None) -> int:
                                 f"({auto['quality_ratio']:.3f} × full) with {auto['coordinates_ratio']:.1%} of the "
                                 f"full-width coordinates per query",
                     "met": bool(auto["quality_ratio"] >= 0.99 and auto["coordinates_ratio"] <= 0.30)})
+    if auto.get("ndcg@10_unseen") is not None:
+        targets[-1]["note"] = (f"Caveat: the adapter and router were trained on SciFact's training queries, and most test "
+                               f"queries cite documents training queries also cite. On the {len(c_unseen)} test queries "
+                               f"whose relevant documents no training query cites, auto scores "
+                               f"{auto['ndcg@10_unseen']:.4f} against full width's {full['ndcg@10_unseen']:.4f} "
+                               f"({auto['ndcg@10_unseen'] / max(full['ndcg@10_unseen'], 1e-12):.3f} × full): there the 1 % "
+                               f"criterion is {'met' if auto['ndcg@10_unseen'] >= 0.99 * full['ndcg@10_unseen'] else 'missed'}.")
     big = [c for c in corpora if c["documents"] >= 1_000_000]
     if big:
         rows = big[-1]["rows"]
@@ -526,7 +544,8 @@ def main(argv=None) -> int:
             "Throughput at saturation (in-process): one worker thread per core looping over the queries; faiss and "
             "numpy release the GIL in their kernels.",
             "HTTP: the gateway's `full` policy is its own exhaustive numpy scan of the memory-mapped documents "
-            "(service/index.py), not faiss; encoding (ONNX, 1 thread) dominates SciFact's HTTP latency.",
+            "(service/index.py), not faiss; encoding (ONNX, 1 thread) dominates SciFact's HTTP latency; the gateway "
+            "also re-runs 5 % of queries at full width in a background thread (online CUS), for every policy alike.",
         ],
     }
     args.out.mkdir(parents=True, exist_ok=True)
