@@ -3,8 +3,10 @@
 #   gateway  — slim serving runtime: ONNX Runtime, faiss, LightGBM, FastAPI; no torch (the default target)
 #   trainer  — adds torch; exports the encoder, builds and publishes index versions, runs `trainer serve`
 # Build arguments:
-#   ACCELERATOR=cpu|gpu   gpu swaps in onnxruntime-gpu (CUDA + cuDNN wheels) and faiss-gpu-cu12 (CUDA 12
-#                         wheels), and the CUDA build of torch in the trainer; the host needs the NVIDIA
+#   ACCELERATOR=cpu|gpu   gpu replaces onnxruntime and faiss-cpu by onnxruntime-gpu (with the CUDA and cuDNN
+#                         wheels of its cuda,cudnn extras) and faiss-gpu-cu12 (the gpu extra of pyproject.toml;
+#                         both share a module name with the CPU build, so the CPU one is uninstalled first),
+#                         and installs the CUDA build of torch in the trainer; the host needs the NVIDIA
 #                         driver and container toolkit (`docker run --gpus all`, compose `gpus: all`)
 #   TORCH_VERSION         pinned torch (an unpinned one pulls a multi-GB build)
 #   TORCH_INDEX_CPU / TORCH_INDEX_GPU   wheel indexes of the CPU and CUDA torch builds
@@ -49,7 +51,8 @@ RUN if [ "${ACCELERATOR}" = "gpu" ]; then index="${TORCH_INDEX_GPU}"; else index
  && pip install "torch==${TORCH_VERSION}" --index-url "${index}" \
  && pip install '.[train]' \
  && if [ "${ACCELERATOR}" = "gpu" ]; then \
-      pip uninstall -y onnxruntime faiss-cpu && pip install '.[gpu]'; \
+      pip uninstall -y onnxruntime faiss-cpu \
+      && pip install 'onnxruntime-gpu[cuda,cudnn]>=1.20' 'faiss-gpu-cu12>=1.8'; \
     fi
 COPY data ./data
 COPY bench ./bench
@@ -67,7 +70,8 @@ ARG ACCELERATOR=cpu
 # hadolint ignore=DL3013
 RUN pip install . \
  && if [ "${ACCELERATOR}" = "gpu" ]; then \
-      pip uninstall -y onnxruntime faiss-cpu && pip install '.[gpu]'; \
+      pip uninstall -y onnxruntime faiss-cpu \
+      && pip install 'onnxruntime-gpu[cuda,cudnn]>=1.20' 'faiss-gpu-cu12>=1.8'; \
     fi
 USER 10001
 EXPOSE 8000

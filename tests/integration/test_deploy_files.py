@@ -98,12 +98,17 @@ def test_dockerfile_stages_gateway_without_torch_and_gpu_variant():
     pin = next(d for d in deps["optional-dependencies"]["train"] if d.startswith("torch=="))
     assert f"ARG TORCH_VERSION={pin.split('==')[1]}" in st["trainer"]
     assert st["trainer"].index("torch==") < st["trainer"].index(".[train]")
-    # GPU variant by build argument in both images: the CUDA wheels of the gpu extra replace the CPU ones
-    gpu = deps["optional-dependencies"]["gpu"]
-    assert any(d.startswith("onnxruntime-gpu") for d in gpu) and any(d.startswith("faiss-gpu") for d in gpu)
+    # GPU variant by build argument in both images: the packages of the gpu extra replace the CPU builds
+    # (same module names, so the CPU ones are uninstalled first, and the project's extra is not reinstalled,
+    # which would bring the CPU builds back as base dependencies)
+    gpu = {re.split(r"[\[<>=]", d)[0] for d in deps["optional-dependencies"]["gpu"]}
+    assert gpu == {"onnxruntime-gpu", "faiss-gpu-cu12"}
     for name in ("trainer", "gateway"):
         assert "ARG ACCELERATOR=cpu" in st[name]
-        assert "pip uninstall -y onnxruntime faiss-cpu && pip install '.[gpu]'" in st[name]
+        branch = st[name][st[name].index('if [ "${ACCELERATOR}" = "gpu" ]; then \\'):]
+        assert "pip uninstall -y onnxruntime faiss-cpu" in branch and "'.[gpu]'" not in branch
+        installed = set(re.findall(r"'([a-z0-9-]+)(?:\[[a-z,]+\])?[<>=]", branch))
+        assert installed == gpu, installed
         assert "HEALTHCHECK" in st[name] and re.search(r"^USER 10001$", st[name], re.M)
     assert "/readyz" in st["gateway"] and "9109/metrics" in st["trainer"]
 
