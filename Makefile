@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: env encoder index demo serve test test-fast promtool clean
+.PHONY: env encoder index demo serve test test-fast promtool compose-tools clean
 
 # torch is pinned and installed first: an unpinned torch pulled in by
 # sentence-transformers would be a multi-GB CUDA build.
@@ -21,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[train,dev]'
+	$(BIN)/pip install -q -e '.[train,dev,loadtest]'
 	touch $@
 
 env: $(BIN)/.installed
@@ -45,7 +45,12 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus)
 	@promtool --version | head -1
 
-test: encoder promtool
+# docker-compose (Debian's, v1) validates docker-compose.yml without a Docker engine (tests/integration/test_deploy_files.py).
+compose-tools:
+	@command -v docker-compose >/dev/null 2>&1 || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose)
+	@docker-compose version | head -1
+
+test: encoder promtool compose-tools
 	$(BIN)/python -m pytest tests
 
 test-fast: env
