@@ -37,19 +37,24 @@ def encoder(encoder_dir):
     return OnnxEncoder(encoder_dir, threads=2)
 
 
-@pytest.fixture(scope="session")
-def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
-    """A home folder with a live SciFact index built by the trainer (adapter + routers)."""
+def build_home(home: Path, encoder_dir: Path, encoder, **options) -> Path:
+    """Build a SciFact version with the real trainer into ``home`` (file registry; the first version goes live)
+    and link the encoder there, so a gateway can serve the home.  ``options`` override BuildOptions."""
     from trainer.build import BuildOptions, build_index
     from trainer.config import TrainerSettings
 
-    home = tmp_path_factory.mktemp("home")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
-    build_index(BuildOptions(dataset=SCIFACT), settings, encoder)
+    build_index(BuildOptions(dataset=SCIFACT, **options), settings, encoder)
     (home / "models").mkdir(exist_ok=True)
     os.symlink(encoder_dir, home / "models" / "minilm-onnx")
     return home
+
+
+@pytest.fixture(scope="session")
+def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
+    """A home folder with a live SciFact index built by the trainer (adapter + routers)."""
+    return build_home(tmp_path_factory.mktemp("home"), encoder_dir, encoder)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import SCIFACT, VAR
+from tests.conftest import build_home
 
 FULL_WIDTH_NDCG = 0.6451  # the frozen encoder, exhaustive (README, bench/results/scifact_demo.md)
 QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer risk",
@@ -19,19 +19,8 @@ QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer
 
 @pytest.fixture(scope="module")
 def funnel_home(tmp_path_factory, encoder_dir, encoder):
-    import os
-
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
-    home = tmp_path_factory.mktemp("funnel-home")
-    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
-                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
-    build_index(BuildOptions(dataset=SCIFACT, rotation="pca", action_pairs=((64, 128),), default_pair=(64, 128),
-                             capacity=False, stage1_policy=True), settings, encoder)
-    (home / "models").mkdir(exist_ok=True)
-    os.symlink(encoder_dir, home / "models" / "minilm-onnx")
-    return home
+    return build_home(tmp_path_factory.mktemp("funnel-home"), encoder_dir, encoder, rotation="pca",
+                      action_pairs=((64, 128),), default_pair=(64, 128), capacity=False, stage1_policy=True)
 
 
 @pytest.fixture(scope="module")
