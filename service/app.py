@@ -124,6 +124,7 @@ class GatewayState:
         self.encoder = None
         self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
                                        settings.canary_queries)
+        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (service/stage1.py)
         self.registry = None  # service.registry.Registry, None when a version is pinned
         self.follower = None  # service.versions.RegistryFollower
         self.load_error: str | None = None

@@ -89,6 +89,16 @@ class GatewaySettings(BaseSettings):
     canary_queries: tuple[str, ...] = Field(
         ("what causes inflammation", "effect of vitamin d on bone density", "gene expression in cancer cells"),
         description="Queries run through the full path at every width policy before a new version counts as warm.")
+    stage1_backend: Literal["faiss", "milvus"] = Field(
+        "faiss", description="Where stage 1 runs: 'faiss' in process (from each version's stage1.faiss) or "
+                             "'milvus' (each version's collection, written by the trainer; docs/SCALING.md).")
+    milvus_uri: str | None = Field(
+        None, description="Milvus of the 'milvus' backend: http://host:19530 (Milvus standalone, a cluster's proxy, "
+                          "or `python -m milvus_lite server`), or a Milvus Lite path ending in .db opened in process "
+                          "(one process at a time; default <home>/milvus.db).")
+    milvus_token: SecretStr | None = Field(None, description="Milvus credentials ('user:password' or an API key).")
+    milvus_prefix: str = Field("adawidth", description="Prefix of the Milvus collection names "
+                                                       "(<prefix>_<collection>_<version>).")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
 
@@ -139,4 +149,12 @@ class GatewaySettings(BaseSettings):
         return self.model_copy(update={
             "index_root": self.index_root or self.home / "indexes",
             "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
+            "milvus_uri": self.milvus_uri or str(self.home / "milvus.db"),
         })
+
+    def stage1_provider(self):
+        """The :class:`service.stage1.Stage1Provider` these settings describe (call on resolved settings)."""
+        from service.stage1 import Stage1Provider
+
+        token = self.milvus_token.get_secret_value() if self.milvus_token else None
+        return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix)

@@ -3,11 +3,14 @@
 :meth:`IndexVersion.load` verifies the manifest's checksums and the encoder
 and dimension it was built with before reading anything else; documents are
 memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through
-stage 1 (faiss) and :func:`adawidth.funnel.resolve`.
+stage 1 (a :class:`service.stage1.Stage1Backend`: faiss in process by default,
+or Milvus) and :func:`adawidth.funnel.resolve`, which routes and rescores the
+shortlist here whatever the backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -21,6 +24,7 @@ from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize, top_k
 from adawidth.router import threshold_for_rate
+from service.stage1 import FaissStage1
 
 
 @dataclass
@@ -82,7 +86,7 @@ class IndexVersion:
 
     def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
                  doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
-                 funnel_policy: FunnelPolicy | None = None):
+                 funnel_policy: FunnelPolicy | None = None, stage1=None):
         self.path, self.manifest = path, manifest
         self.version: str = manifest["version"]
         self.collection: str = manifest["collection"]
@@ -90,7 +94,8 @@ class IndexVersion:
         self.docs = docs
         self.doc_sqnorm_m0 = doc_sqnorm_m0
         self.doc_ids = doc_ids
-        self.stage1_index = stage1_index
+        self.stage1_index = stage1_index  # the faiss index (None when stage 1 runs elsewhere)
+        self.stage1 = stage1 if stage1 is not None else FaissStage1(stage1_index, docs, doc_sqnorm_m0)
         self.routers: dict[tuple[int, int], Router] = routers
         self.funnel_policy = funnel_policy
         self.m0: int = manifest["m0"]
@@ -106,12 +111,17 @@ class IndexVersion:
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, path: Path | str, *, encoder_sha256: str | None = None, dimension: int | None = None) -> "IndexVersion":
+    def load(cls, path: Path | str, *, encoder_sha256: str | None = None, dimension: int | None = None,
+             stage1=None) -> "IndexVersion":
         """Verify and load a version directory.
+
+        Args:
+            stage1: a :class:`service.stage1.Stage1Provider` (None: faiss in process from ``stage1.faiss``).
 
         Raises:
             adawidth.artifact.IndexVersionError: missing manifest, bad checksum,
                 encoder or dimension mismatch.
+            service.stage1.Stage1Unavailable: the provider cannot serve this version (e.g. no Milvus collection).
         """
         import faiss
         import lightgbm as lgb
@@ -129,17 +139,23 @@ class IndexVersion:
             if booster.feature_name() != manifest["router"]["feature_names"]:
                 raise artifact.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
             routers[pair] = Router(pair, booster, np.asarray(meta["calibration_predictions"], dtype=np.float64))
+        sqnorm = np.load(path / "doc_sqnorm_m0.npy")
+        in_process = stage1 is None or stage1.kind == "faiss"
         policy = None
         meta = manifest.get("stage1_policy")
-        if meta:
+        # the per-query funnel policy scans blocks of the whole corpus in process; with stage 1 on an external
+        # engine (one m0-prefix field) the version serves 'auto' through its width router instead
+        if meta and in_process:
             booster = lgb.Booster(model_file=str(path / meta["file"]))
             if booster.feature_name() != list(meta["feature_names"]) or meta["block"] != stage1_policy.BLOCK:
                 raise artifact.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
             policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
                                   BlockedCorpus(np.asarray(docs), meta["block"]))
-        return cls(path, manifest, np.load(path / "rotation.npy"), docs,
-                   np.load(path / "doc_sqnorm_m0.npy"), doc_ids, faiss.read_index(str(path / "stage1.faiss")), routers,
-                   policy)
+        if in_process:
+            return cls(path, manifest, np.load(path / "rotation.npy"), docs, sqnorm, doc_ids,
+                       faiss.read_index(str(path / "stage1.faiss")), routers, policy)
+        return cls(path, manifest, np.load(path / "rotation.npy"), docs, sqnorm, doc_ids, None, routers,
+                   stage1=stage1.attach(path, manifest, docs, sqnorm))
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""
@@ -170,10 +186,9 @@ class IndexVersion:
             q = self.rotate(embedding, self.dimension)
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
-            scores = np.asarray(self.docs @ q, dtype=np.float64)
-            rows = top_k(scores, k)
+            rows, top = self.stage1.full(q, k)
             t["stage1"] = time.perf_counter() - s
-            res = Resolution(rows, scores[rows], self.dimension, False, None, self.size * self.dimension,
+            res = Resolution(rows, top, self.dimension, False, None, self.size * self.dimension,
                              stage1_work=self.size * self.dimension)
             extra = {"policy": "full", "stage1_width": self.dimension, "shortlist": self.size}
         elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None:
@@ -199,20 +214,21 @@ class IndexVersion:
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
             size = min(max(self.shortlist, k), self.size)
-            qp = prefix_normalize(q[None, :], self.m0)
-            cos, rows = self.stage1_index.search(qp, size)
-            keep = rows[0] >= 0
-            rows, cos = rows[0][keep].astype(np.int64), cos[0][keep]
+            sl = self.stage1.shortlist(prefix_normalize(q[None, :], self.m0)[0], size)
             t["stage1"] = time.perf_counter() - s
             s = time.perf_counter()
+            work = self.size * self.m0  # a flat scan, wherever it runs
             if router is not None:
-                res = resolve(q, self.docs, self.doc_sqnorm_m0, rows, cos, m0=self.m0, k=k, width=None,
-                              action_pair=pair, predict_gain=router.predict,
+                res = resolve(q, sl.docs, sl.doc_sqnorm_m0, sl.rows, sl.cosines, m0=self.m0, k=k, width=None,
+                              action_pair=pair, predict_gain=router.predict, stage1_work=work,
                               threshold=router.threshold(self.default_rho if rho is None else rho), theta=self.theta)
             else:
-                res = resolve(q, self.docs, self.doc_sqnorm_m0, rows, cos, m0=self.m0, k=k, width=int(width))
+                res = resolve(q, sl.docs, sl.doc_sqnorm_m0, sl.rows, sl.cosines, m0=self.m0, k=k, width=int(width),
+                              stage1_work=work)
+            res = dataclasses.replace(res, rows=sl.to_index_rows(res.rows))  # shortlist positions -> index rows
             t["route_and_rescore"] = time.perf_counter() - s
-            extra = {"policy": "router" if router is not None else "fixed", "stage1_width": self.m0, "shortlist": len(rows)}
+            extra = {"policy": "router" if router is not None else "fixed", "stage1_width": self.m0,
+                     "shortlist": len(sl.rows)}
         return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
                              res.escalated, res.router_score, res.coordinates_scored, t,
                              stage1_work=res.stage1_work, rescoring_work=res.rescoring_work, **extra)

@@ -40,6 +40,7 @@ from adawidth import artifact
 from adawidth.router import FEATURE_NAMES
 from service.index import IndexVersion
 from service.registry import Registry, RegistryState, RegistryUnavailable
+from service.stage1 import Stage1Unavailable
 
 log = logging.getLogger("service.versions")
 
@@ -89,6 +90,7 @@ class VersionManager:
         self._wanted: set[str] = set()
         self.refused: dict[str, str] = {}  # version -> refusal code (not retried until restart)
         self.on_live = None  # called with the IndexVersion after each switch (outside the lock)
+        self.stage1 = None  # service.stage1.Stage1Provider (None: faiss in process)
         self._loading = threading.Lock()
 
     # -- request side -------------------------------------------------------------------------
@@ -178,7 +180,10 @@ class VersionManager:
         if not path.is_dir():
             raise VersionRefused("missing", f"no version directory {path}")
         try:
-            v = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256, dimension=self.encoder.dimension)
+            v = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256, dimension=self.encoder.dimension,
+                                  stage1=self.stage1)
+        except Stage1Unavailable as e:
+            raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
         except artifact.IndexVersionError as e:
             raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
         except Exception as e:  # a file that verifies but does not parse (e.g. a foreign faiss build)

@@ -339,6 +339,9 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     }
     coll_dir = Path(settings.index_root) / name
     path = artifact.write_version(coll_dir, version, writers, manifest)
+    from trainer.milvus_stage1 import write_for_settings
+
+    write_for_settings(settings, path)  # stage 1 on Milvus: the version's collection exists before it is published
     live = False
     if opts.publish or opts.promote:
         from service.registry import open_registry

@@ -23,6 +23,14 @@ class TrainerSettings(BaseSettings):
                     "registry on the index volume.")
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = all cores.")
     encode_batch_size: int = Field(32, ge=1, description="Texts per ONNX call when encoding the corpus.")
+    stage1_backend: str = Field("faiss", description="'milvus': also write each built or published version's "
+                                "stage-1 and rescoring prefixes to a Milvus collection named by the version.")
+    milvus_uri: str | None = Field(None, description="Milvus URI (http://host:19530, or a Milvus Lite .db path; "
+                                   "default <home>/milvus.db).")
+    milvus_token: str | None = Field(None, description="Milvus credentials ('user:password' or an API key).")
+    milvus_prefix: str = Field("adawidth", description="Prefix of the Milvus collection names.")
+    ray_address: str | None = Field(None, description="Ray cluster of `trainer encode --ray` (e.g. ray://head:10001); "
+                                    "unset: a local Ray started in process.")
 
     def resolved(self) -> "TrainerSettings":
         """A copy with every default path filled in under ``home``."""
@@ -30,4 +38,5 @@ class TrainerSettings(BaseSettings):
             "index_root": self.index_root or self.home / "indexes",
             "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
             "embedding_cache": self.embedding_cache or self.home / "cache" / "embeddings.sqlite",
+            "milvus_uri": self.milvus_uri or str(self.home / "milvus.db"),
         })

@@ -93,6 +93,9 @@ def _run(args, settings, registry: Registry) -> int:
         return 0
     if args.command == "publish":
         _verify(coll_dir, args.version, _encoder_sha256(settings))
+        from trainer.milvus_stage1 import write_for_settings
+
+        write_for_settings(settings, coll_dir / args.version)  # with stage 1 on Milvus: its collection first
         st = registry.publish(coll, args.version, actor=actor)
         print(json.dumps({"published": args.version, "state": st.as_dict()}))
         return 0

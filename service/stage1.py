@@ -1,0 +1,293 @@
+"""Stage-1 backends: where the shortlist of one index version comes from.
+
+Stage 1 ranks the whole corpus on the L2-normalised m0-prefix of the rotated
+documents (inner product, so scores are prefix cosines, Eq. (1) of 001) and
+keeps a shortlist of C.  Everything after it -- routing (§3.2.2 of 001) and
+rescoring with reused partial sums (§3.2.1) -- is :func:`adawidth.funnel.resolve`,
+run by the gateway whatever the backend.  A backend therefore hands back a
+:class:`Shortlist`: the candidates, their stage-1 cosines and the rescoring
+vectors (rotated document prefixes) the gateway rescores from.
+
+Two implementations of :class:`Stage1Backend`:
+
+``faiss``   (default) an ``IndexFlatIP`` in process, read from the version's
+            ``stage1.faiss``; the rescoring vectors are the version's
+            memory-mapped ``docs.npy``.
+``milvus``  a Milvus collection per index version (Milvus Lite in process for
+            one process, a Milvus standalone or cluster for many), written by the
+            trainer (:mod:`trainer.milvus_stage1`): a FLAT index with metric IP
+            over the same normalised m0-prefixes as faiss, the rescoring prefix
+            as a second vector field and ``||d[:m0]||^2`` as a scalar field.  One
+            search returns the shortlist with its rescoring vectors.
+
+The version a request uses is resolved once, at its start, from our registry
+(:meth:`service.versions.VersionManager.acquire`); each loaded version holds a
+backend bound to *its own* Milvus collection name, so a request never re-resolves
+mid-request and a Milvus alias is never consulted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from adawidth.prefix import top_k
+
+STAGE1_FIELD = "stage1"
+"""Milvus vector field: normalised m0-prefixes, (m0,) float32 (metric IP, FLAT)."""
+RESCORE_FIELD = "rescore"
+"""Milvus vector field: rotated documents at the rescoring width H (not normalised), (H,) float32."""
+SQNORM_FIELD = "sqnorm_m0"
+"""Milvus scalar field: ``||d[:m0]||^2`` (float32), the stage-1 partial norm the rescoring reuses."""
+META_PROPERTY = "adawidth.version"
+"""Collection property: :func:`version_description` of the version the collection holds."""
+ROW_FIELD = "row"
+"""Milvus primary key: the document's row in the index version (int64; ``doc_ids.json`` names it)."""
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """Stage-1 output of one query, ready for :func:`adawidth.funnel.resolve`.
+
+    Attributes:
+        rows: (C,) int64 positions into ``docs``, best first (no -1 padding).
+        cosines: (C,) float32 stage-1 prefix cosines of those positions (higher is better).
+        docs: (N', H) float32 rotated documents the positions index (the whole
+            corpus for faiss, N' = N; the C shortlisted vectors for Milvus).
+        doc_sqnorm_m0: (N',) ``||d[:m0]||^2`` of the same rows.
+        index_rows: (N',) int64 map from a position of ``docs`` to the document's
+            row in the index version, or None when they are the same (faiss).
+    """
+
+    rows: np.ndarray
+    cosines: np.ndarray
+    docs: np.ndarray
+    doc_sqnorm_m0: np.ndarray
+    index_rows: np.ndarray | None = None
+
+    def to_index_rows(self, positions: np.ndarray) -> np.ndarray:
+        """Index-version rows of positions into ``docs``; (k,) int64 -> (k,) int64."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return positions if self.index_rows is None else self.index_rows[positions]
+
+
+@runtime_checkable
+class Stage1Backend(Protocol):
+    """Stage 1 of one index version (bound to that version's data, never to a "live" pointer)."""
+
+    kind: str
+    rescore_width: int
+
+    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
+        """Top ``size`` documents by inner product with the normalised m0-prefix ``query_prefix`` ((m0,) float32)."""
+
+    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top ``k`` at full width D: ``query`` (D,) float32 rotated -> (rows (k',) int64, scores (k',) float64)."""
+
+    def close(self) -> None:
+        """Release what the backend holds (connections); the version's files stay."""
+
+
+class FaissStage1:
+    """faiss in process (the default): today's served path, unchanged.
+
+    Args:
+        index: a faiss index over the normalised m0-prefixes (``stage1.faiss``).
+        docs: (N, D) float32 rotated documents (memory-mapped ``docs.npy``).
+        doc_sqnorm_m0: (N,) float32.
+    """
+
+    kind = "faiss"
+
+    def __init__(self, index, docs: np.ndarray, doc_sqnorm_m0: np.ndarray):
+        self.index, self.docs, self.doc_sqnorm_m0 = index, docs, doc_sqnorm_m0
+        self.rescore_width = int(docs.shape[1])
+
+    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
+        cos, rows = self.index.search(np.asarray(query_prefix, np.float32)[None, :], int(size))
+        keep = rows[0] >= 0
+        return Shortlist(rows[0][keep].astype(np.int64), cos[0][keep], self.docs, self.doc_sqnorm_m0)
+
+    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores = np.asarray(self.docs @ query, dtype=np.float64)
+        rows = top_k(scores, k)
+        return rows, scores[rows]
+
+    def close(self) -> None:
+        pass
+
+
+def milvus_collection_name(collection: str, version: str, prefix: str = "adawidth") -> str:
+    """Milvus collection holding one index version: ``<prefix>_<collection>_<version>``.
+
+    Milvus names allow letters, digits and underscores (first a letter or
+    underscore, at most 255 characters); every other character becomes ``_``.
+
+    Raises:
+        ValueError: when the name would exceed 255 characters.
+    """
+    name = re.sub(r"[^A-Za-z0-9_]", "_", f"{prefix}_{collection}_{version}")
+    if not re.match(r"[A-Za-z_]", name):
+        name = "_" + name
+    if len(name) > 255:
+        raise ValueError(f"Milvus collection name {name[:40]}... is longer than 255 characters")
+    return name
+
+
+def version_description(manifest: dict, rescore_width: int) -> str:
+    """JSON the trainer stores in the Milvus collection's properties, and the gateway checks on attach."""
+    return json.dumps({"collection": manifest["collection"], "version": manifest["version"],
+                       "adapter_sha256": manifest["adapter"]["sha256"], "documents": manifest["corpus"]["documents"],
+                       "m0": manifest["m0"], "rescore_width": int(rescore_width)}, sort_keys=True)
+
+
+class Stage1Unavailable(RuntimeError):
+    """The backend cannot serve this version; ``code`` is a refusal reason of :mod:`service.versions`."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        super().__init__(message)
+
+
+def open_milvus_client(uri: str, token: str | None = None):
+    """A ``pymilvus.MilvusClient``: ``uri`` is a Milvus Lite path ending in ``.db`` (in process; one process may
+    open it) or ``http://host:19530`` (a Milvus Lite server, Milvus standalone or a Milvus cluster's proxy)."""
+    from pymilvus import MilvusClient
+
+    if uri.endswith(".db"):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+    return MilvusClient(uri=uri, token=token or "")
+
+
+class MilvusStage1:
+    """Stage 1 of one version served by Milvus; the gateway routes and rescores the shortlist itself.
+
+    Args:
+        client: a ``pymilvus.MilvusClient`` (shared by the versions of a process).
+        name: the version's Milvus collection (:func:`milvus_collection_name`).
+        m0: stage-1 width.
+        rescore_width: width H of the stored rescoring prefix.
+        size: documents N of the version.
+    """
+
+    kind = "milvus"
+
+    def __init__(self, client, name: str, m0: int, rescore_width: int, size: int):
+        self.client, self.name, self.m0 = client, name, m0
+        self.rescore_width, self.size = int(rescore_width), int(size)
+
+    @classmethod
+    def attach(cls, client, manifest: dict, prefix: str = "adawidth") -> "MilvusStage1":
+        """Check that the version's collection exists and matches the manifest, load it, return the backend.
+
+        Raises:
+            Stage1Unavailable: ``missing`` (no collection, or fewer rows than documents) or
+                ``schema`` (the collection describes another version, m0 or corpus).
+        """
+        name = milvus_collection_name(manifest["collection"], manifest["version"], prefix)
+        if not client.has_collection(name):
+            raise Stage1Unavailable("missing", f"Milvus has no collection {name} for version {manifest['version']} "
+                                               f"(write it: python -m trainer milvus-write {manifest['collection']} "
+                                               f"{manifest['version']})")
+        desc = client.describe_collection(name)
+        try:
+            meta = json.loads((desc.get("properties") or {}).get(META_PROPERTY) or "{}")
+        except ValueError:
+            meta = {}
+        want = json.loads(version_description(manifest, meta.get("rescore_width", manifest["dimension"])))
+        if meta != want:
+            raise Stage1Unavailable("schema", f"Milvus collection {name} describes {meta}, the manifest {want}")
+        client.load_collection(name)
+        rows = int(client.get_collection_stats(name).get("row_count", -1))
+        if rows != manifest["corpus"]["documents"]:
+            raise Stage1Unavailable("missing", f"Milvus collection {name} holds {rows} rows, the version "
+                                               f"{manifest['corpus']['documents']} documents")
+        return cls(client, name, manifest["m0"], meta["rescore_width"], rows)
+
+    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
+        res = self.client.search(self.name, [np.asarray(query_prefix, np.float32).tolist()], anns_field=STAGE1_FIELD,
+                                 limit=int(min(size, self.size)), output_fields=[RESCORE_FIELD, SQNORM_FIELD],
+                                 search_params={"metric_type": "IP"})
+        hits = res[0]
+        C = len(hits)
+        rows = np.empty(C, np.int64)
+        cos = np.empty(C, np.float32)
+        sq = np.empty(C, np.float32)
+        vecs = np.empty((C, self.rescore_width), np.float32)
+        for i, h in enumerate(hits):
+            rows[i], cos[i] = h[ROW_FIELD], h["distance"]
+            ent = h["entity"]
+            vecs[i], sq[i] = ent[RESCORE_FIELD], ent[SQNORM_FIELD]
+        # best first, ties by row (faiss's flat scan keeps the lower row first on equal scores)
+        order = np.lexsort((rows, -cos))
+        return Shortlist(np.arange(C, dtype=np.int64), cos[order], vecs[order], sq[order], rows[order])
+
+    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exhaustive search at D on the rescoring field (needs H = D: rotated documents are unit norm at D, so the
+        inner product is the frozen encoder's cosine).
+
+        Raises:
+            ValueError: when the stored rescoring prefix is narrower than the query.
+        """
+        if query.shape[-1] > self.rescore_width:
+            raise ValueError(f"full width {query.shape[-1]} exceeds the rescoring width {self.rescore_width} "
+                             f"stored in Milvus")
+        res = self.client.search(self.name, [np.asarray(query, np.float32).tolist()], anns_field=RESCORE_FIELD,
+                                 limit=int(min(k, self.size)), search_params={"metric_type": "IP"})
+        rows = np.array([h[ROW_FIELD] for h in res[0]], dtype=np.int64)
+        scores = np.array([h["distance"] for h in res[0]], dtype=np.float64)
+        order = np.lexsort((rows, -scores))
+        return rows[order], scores[order]
+
+    def close(self) -> None:
+        """Nothing to release here: loading and releasing a collection act on the whole Milvus deployment, and
+        another replica may still be serving this version; the trainer drops collections of versions the
+        registry no longer names (``trainer milvus-gc``)."""
+
+
+class Stage1Provider:
+    """Makes the stage-1 backend of each version a process loads (one per process, built from settings).
+
+    Args:
+        kind: ``faiss`` or ``milvus``.
+        milvus_uri: see :func:`open_milvus_client` (``milvus`` only).
+        milvus_token: Milvus credentials ``user:password`` or an API key (``milvus`` only).
+        milvus_prefix: prefix of the collection names.
+    """
+
+    def __init__(self, kind: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None,
+                 milvus_prefix: str = "adawidth"):
+        if kind not in ("faiss", "milvus"):
+            raise ValueError(f"stage-1 backend must be 'faiss' or 'milvus', got {kind!r}")
+        if kind == "milvus" and not milvus_uri:
+            raise ValueError("the milvus stage-1 backend needs milvus_uri")
+        self.kind, self.milvus_uri, self.milvus_token, self.milvus_prefix = kind, milvus_uri, milvus_token, milvus_prefix
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = open_milvus_client(self.milvus_uri, self.milvus_token)
+        return self._client
+
+    def attach(self, path: Path, manifest: dict, docs: np.ndarray, doc_sqnorm_m0: np.ndarray) -> Stage1Backend:
+        """The backend of the version at ``path`` (verified ``manifest``).
+
+        Raises:
+            Stage1Unavailable: the Milvus collection is missing or describes another version.
+        """
+        if self.kind == "faiss":
+            import faiss
+
+            return FaissStage1(faiss.read_index(str(Path(path) / "stage1.faiss")), docs, doc_sqnorm_m0)
+        return MilvusStage1.attach(self.client, manifest, self.milvus_prefix)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,119 @@
+"""Stage-1 backends on a synthetic index version: Milvus Lite (in process) against faiss, and the refusals.
+
+The version is written with :func:`adawidth.artifact.write_version` exactly like
+the trainer's (rotated unit-norm documents, normalised m0-prefix faiss index), so
+the Milvus writer and the gateway's loader run on real files.  No router here:
+the routed policy is covered on SciFact in ``tests/integration/test_milvus_stage1.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adawidth import artifact
+from adawidth.prefix import exact_prefix_search, prefix_normalize
+
+
+N, D, M0 = 2000, 48, 16
+
+
+def _synthetic_version(root, name="v1", seed=0):
+    import faiss
+
+    rng = np.random.default_rng(seed)
+    scale = np.linspace(2.0, 0.2, D)  # decaying spectrum, like a PCA rotation's
+    X = (rng.standard_normal((N, D)) * scale).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(M0)
+    index.add(prefix_normalize(X, M0))
+    sq = np.einsum("ij,ij->i", X[:, :M0], X[:, :M0]).astype(np.float32)
+    writers = {"rotation.npy": lambda p: np.save(p, np.eye(D, dtype=np.float32)),
+               "docs.npy": lambda p: np.save(p, X),
+               "doc_sqnorm_m0.npy": lambda p: np.save(p, sq),
+               "doc_ids.json": lambda p: p.write_text(json.dumps([f"d{i}" for i in range(N)])),
+               "stage1.faiss": lambda p: faiss.write_index(index, str(p))}
+    manifest = {"collection": "synth", "encoder": {"onnx_sha256": "x"}, "dimension": D, "m0": M0, "shortlist": 100,
+                "adapter": {"kind": "identity", "sha256": f"sha-{seed}"}, "router": None,
+                "corpus": {"documents": N}}
+    return artifact.write_version(root / "synth", name, writers, manifest), X
+
+
+@pytest.fixture
+def milvus(tmp_path):
+    from service.stage1 import Stage1Provider
+
+    provider = Stage1Provider("milvus", str(tmp_path / "milvus.db"))
+    yield provider
+    provider.close()
+
+
+def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, milvus):
+    from service.index import IndexVersion
+    from trainer.milvus_stage1 import write_version
+
+    path, X = _synthetic_version(tmp_path)
+    out = write_version(milvus.client, path)
+    assert out["written"] and out["rows"] == N
+    assert write_version(milvus.client, path)["written"] is False  # idempotent: publish after build is cheap
+    vf = IndexVersion.load(path)
+    vm = IndexVersion.load(path, stage1=milvus)
+    assert (vf.stage1.kind, vm.stage1.kind) == ("faiss", "milvus") and vm.stage1_index is None
+    rng = np.random.default_rng(1)
+    Q = rng.standard_normal((40, D)).astype(np.float32)
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    for q in Q:
+        for width in (8, M0, 32, D, "full"):
+            a, b = vf.search(q, 10, width), vm.search(q, 10, width)
+            assert a.ids == b.ids, (width, a.ids, b.ids)
+            assert np.allclose(a.scores, b.scores, atol=1e-6)
+            assert a.coordinates_scored == b.coordinates_scored and a.width == b.width
+    # and both equal the brute-force reference at full width
+    ref = exact_prefix_search(Q, X, D, 10)
+    assert all(vm.search(q, 10, "full").ids == [f"d{r}" for r in ref[i]] for i, q in enumerate(Q))
+
+
+def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, milvus):
+    from service.index import IndexVersion
+    from trainer.milvus_stage1 import write_version
+
+    path, X = _synthetic_version(tmp_path)
+    write_version(milvus.client, path)
+    vm = IndexVersion.load(path, stage1=milvus)
+    q = prefix_normalize(X[:1], M0)[0]
+    sl = vm.stage1.shortlist(q, 100)
+    rows = sl.to_index_rows(sl.rows)
+    assert rows[0] == 0 and len(set(rows.tolist())) == 100
+    assert np.array_equal(sl.docs, X[rows])  # bit-equal rescoring prefixes
+    assert np.all(np.diff(sl.cosines) <= 0)
+
+
+def test_gateway_refuses_a_version_without_or_with_a_foreign_milvus_collection(tmp_path, milvus):
+    from service.index import IndexVersion
+    from service.stage1 import Stage1Unavailable, milvus_collection_name
+    from trainer.milvus_stage1 import write_version
+
+    path, _ = _synthetic_version(tmp_path)
+    with pytest.raises(Stage1Unavailable) as e:
+        IndexVersion.load(path, stage1=milvus)
+    assert e.value.code == "missing"
+    # another version's data under this version's name (e.g. a hand-made copy) is refused too
+    other, _ = _synthetic_version(tmp_path / "o", name="v1", seed=7)
+    write_version(milvus.client, other)
+    assert milvus_collection_name("synth", "v1") in milvus.client.list_collections()
+    with pytest.raises(Stage1Unavailable) as e:
+        IndexVersion.load(path, stage1=milvus)
+    assert e.value.code == "schema"
+
+
+def test_collection_names_are_valid_and_distinct():
+    from service.stage1 import milvus_collection_name
+
+    a = milvus_collection_name("scifact", "20261130T063214Z-fc31887d")
+    assert a == "adawidth_scifact_20261130T063214Z_fc31887d"
+    assert milvus_collection_name("scifact", "20261130T063214Z-fc31887e") != a
+    assert milvus_collection_name("1x", "v", prefix="") .startswith("_")
+    with pytest.raises(ValueError):
+        milvus_collection_name("c", "v" * 300)
