@@ -49,7 +49,7 @@ ARG TORCH_INDEX_GPU=https://download.pytorch.org/whl/cu126
 # hadolint ignore=DL3013
 RUN if [ "${ACCELERATOR}" = "gpu" ]; then index="${TORCH_INDEX_GPU}"; else index="${TORCH_INDEX_CPU}"; fi \
  && pip install "torch==${TORCH_VERSION}" --index-url "${index}" \
- && pip install '.[train]' \
+ && pip install '.[train,scale]' \
  && if [ "${ACCELERATOR}" = "gpu" ]; then \
       pip uninstall -y onnxruntime faiss-cpu \
       && pip install 'onnxruntime-gpu[cuda,cudnn]>=1.20' 'faiss-gpu-cu12>=1.8'; \
@@ -68,7 +68,7 @@ CMD ["build", "--dataset", "data/scifact"]
 FROM base AS gateway
 ARG ACCELERATOR=cpu
 # hadolint ignore=DL3013
-RUN pip install . \
+RUN pip install '.[milvus]' \
  && if [ "${ACCELERATOR}" = "gpu" ]; then \
       pip uninstall -y onnxruntime faiss-cpu \
       && pip install 'onnxruntime-gpu[cuda,cudnn]>=1.20' 'faiss-gpu-cu12>=1.8'; \

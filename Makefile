@@ -21,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[train,dev,loadtest]'
+	$(BIN)/pip install -q -e '.[train,dev,loadtest,scale]'
 	touch $@
 
 env: $(BIN)/.installed

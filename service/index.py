@@ -22,7 +22,7 @@ import numpy as np
 from adawidth import artifact, stage1_policy
 from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
-from adawidth.prefix import prefix_normalize, top_k
+from adawidth.prefix import prefix_normalize
 from adawidth.router import threshold_for_rate
 from service.stage1 import FaissStage1
 

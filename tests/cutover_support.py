@@ -94,13 +94,16 @@ def gateway_env(home: Path, redis_url: str | None, **extra) -> dict:
     return env
 
 
-def start_gateways(home: Path, redis_url: str | None, names: list[str], timeout_s: float = 180) -> list[Gateway]:
-    """Start one ``python -m service`` per name (in parallel) and wait until each answers /readyz 200."""
+def start_gateways(home: Path, redis_url: str | None, names: list[str], timeout_s: float = 180,
+                   **extra_env) -> list[Gateway]:
+    """Start one ``python -m service`` per name (in parallel) and wait until each answers /readyz 200.
+
+    ``extra_env``: more settings of the gateways (e.g. ``ADAWIDTH_STAGE1_BACKEND="milvus"``)."""
     gws = []
     for name in names:
         port = free_port()
         log_path = home / f"gateway-{name}.log"
-        env = gateway_env(home, redis_url, ADAWIDTH_PORT=port, ADAWIDTH_REPLICA_ID=name)
+        env = gateway_env(home, redis_url, ADAWIDTH_PORT=port, ADAWIDTH_REPLICA_ID=name, **extra_env)
         proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=open(log_path, "w"),
                                 stderr=subprocess.STDOUT, start_new_session=True)
         gws.append(Gateway(name, f"http://127.0.0.1:{port}", proc, log_path))
@@ -122,9 +125,10 @@ def start_gateways(home: Path, redis_url: str | None, names: list[str], timeout_
     return gws
 
 
-def trainer_cli(home: Path, redis_url: str | None, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    """Run ``python -m trainer <args>`` against ``home`` (and Redis when given)."""
-    env = gateway_env(home, redis_url)
+def trainer_cli(home: Path, redis_url: str | None, *args: str, timeout_s: float = 180,
+                extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m trainer <args>`` against ``home`` (and Redis when given; ``extra_env``: more settings)."""
+    env = gateway_env(home, redis_url, **(extra_env or {}))
     env.pop("ADAWIDTH_ADMIN_API_KEY")
     return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
@@ -278,3 +282,46 @@ def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dic
         assert o.ids == ids, f"query {o.query} width {o.width} on {o.version}: served {o.ids[:3]}... != offline {ids[:3]}..."
         assert np.allclose(o.scores, scores, atol=1e-5), (o.query, o.width, o.version)
     return len(expected)
+
+
+class MilvusLiteServer:
+    """A Milvus Lite gRPC server of the test's own (``python -m milvus_lite server``) on a free port: the
+    trainer and every gateway process talk to it over the Milvus protocol, as to a Milvus cluster."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.port = Path(workdir), free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60) -> None:
+        from pymilvus import MilvusClient
+
+        log = open(self.workdir / "milvus.log", "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "milvus_lite", "server", "--data-dir",
+                                      str(self.workdir / "data"), "--host", "127.0.0.1", "--port", str(self.port)],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client = MilvusClient(uri=self.uri, timeout=2)
+                client.list_collections()
+                client.close()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Milvus Lite server did not start: "
+                                       f"{(self.workdir / 'milvus.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None

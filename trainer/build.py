@@ -65,6 +65,7 @@ class BuildOptions:
     capacity_options: dict = field(default_factory=dict)  # overrides of adawidth.capacity.CapacityOptions
     stage1_policy: bool = False            # also fit the per-query funnel policy (adawidth.stage1_policy)
     stage1_policy_tau: float = 0.95        # its agreement bar: cheapest configuration predicted to keep >= τ of the top-10
+    embeddings: Path | None = None         # read corpus embeddings from Ray shards (trainer encode) instead
 
 
 class _Timer:
@@ -209,8 +210,13 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
 
     cache = EmbeddingCache(settings.embedding_cache, encoder.dimension)
     with timer("encode corpus"):
-        X, n_encoded = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache,
-                                         batch_size=settings.encode_batch_size, desc=f"encoding {name} corpus")
+        if opts.embeddings is not None:  # shards of the Ray Data encoding job (trainer/ray_encode.py)
+            from trainer.ray_encode import read_shards
+
+            X, n_encoded = read_shards(opts.embeddings, doc_ids), 0
+        else:
+            X, n_encoded = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache,
+                                             batch_size=settings.encode_batch_size, desc=f"encoding {name} corpus")
     qids = sorted(set(train_qrels) | set(eval_qrels))
     qids = [q for q in qids if q in col.queries]
     with timer("encode queries"):

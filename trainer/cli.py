@@ -10,6 +10,9 @@ Commands:
   rollback         swap live and previous on every replica
   status           registry state, history and replica reports (JSON)
   serve            long-lived: rebuild and publish when the dataset changes; /metrics with capacity gauges
+  encode           encode a corpus with Ray Data into parquet shards (build --embeddings reads them)
+  milvus-write     write a version's stage-1 and rescoring prefixes to Milvus (stage 1 on Milvus)
+  milvus-gc        drop Milvus collections of versions the registry no longer names
 
 The registry is Redis when REDIS_URL (or ADAWIDTH_REDIS_URL) is set, else the
 file registry on the index volume.  See deploy/CUTOVER.md.
@@ -24,7 +27,7 @@ import sys
 from pathlib import Path
 
 from adawidth.beir import DatasetFormatError
-from trainer import registry_cli
+from trainer import registry_cli, scale_cli
 from trainer.config import TrainerSettings
 
 
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--poll-seconds", type=float, default=60.0, help="seconds between dataset fingerprint checks")
 
     registry_cli.add_commands(sub)
+    scale_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                             # "rebuild and publish on new data" means for an unattended trainer
                             promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
-                            stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau)
+                            stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
+                            embeddings=args.embeddings)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
@@ -100,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in registry_cli.COMMANDS:
         return registry_cli.run(args, settings)
+    if args.command in scale_cli.COMMANDS:
+        return scale_cli.run(args, settings)
     return 1
 
 
@@ -147,6 +154,8 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                         "width 'auto' then uses it (bench/results/adaptive/)")
     b.add_argument("--stage1-policy-tau", type=float, default=0.95,
                    help="the policy's bar: cheapest configuration predicted to keep this share of the full-width top-10")
+    b.add_argument("--embeddings", type=Path, help="corpus embeddings from `trainer encode` shards (Ray) instead of "
+                                                   "encoding in this process")
 
 
 if __name__ == "__main__":
