@@ -197,7 +197,7 @@ def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path)
     row["faiss"] = faiss_res
     row["faiss"]["process_rss_bytes"] = rss_bytes()
     del vf
-    modes = ["lite"] + (["server"] if args.server else [])
+    modes = ["lite"] + (["server"] if args.server and row["documents"] <= args.server_max_n else [])
     for mode in modes:
         proc = None
         if mode == "lite":
@@ -283,6 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, default=300, help="SciFact test queries used (at most 300)")
     p.add_argument("--threads", type=int, default=4, help="concurrent clients of the throughput run")
     p.add_argument("--server", action="store_true", help="also measure a Milvus Lite server process over gRPC")
+    p.add_argument("--server-max-n", type=int, default=100_000, help="largest corpus measured with the server")
     p.add_argument("--write-budget-s", type=float, default=900.0, help="largest time to write one corpus to Milvus")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stage1_backends")
     p.add_argument("--workdir", type=Path, help="scratch folder (default a temporary one)")

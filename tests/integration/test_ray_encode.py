@@ -4,7 +4,8 @@ A local Ray with one CPU and a 100 MiB object store encodes the first 160
 SciFact documents into parquet shards; every embedding must have cosine >= 0.9999
 with the single-process path (the :class:`service.encoder.OnnxEncoder` the
 builder's :func:`trainer.embed_cache.encode_with_cache` calls), the rotation pass
-must equal ``X @ R.T``, and the builder's reader must refuse incomplete shards.
+must equal ``X @ R.T``, the builder's reader must refuse incomplete shards, and
+``build_index(embeddings=shards)`` must index the shards' vectors without encoding.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_l
     from trainer.ray_encode import encode_corpus, read_shards, rotate_shards
 
     out = encode_corpus(SCIFACT, tmp_path / "emb", encoder_dir, num_cpus=1, rows_per_task=64, limit=SUBSET)
+    assert out["shards"] >= 1
     assert out["documents"] == SUBSET
     docs = load_corpus(SCIFACT)[:SUBSET]
     ids = [d.doc_id for d in docs]
@@ -54,3 +56,29 @@ def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_l
     # the builder reads shards by document id: a document the shards lack is an error, not a zero row
     with pytest.raises(ValueError, match="missing"):
         read_shards(tmp_path / "emb", ids + ["no-such-document"])
+
+    # the index builder reads the shards instead of encoding (a BEIR folder of the same documents)
+    from trainer.build import BuildOptions, build_index
+    from trainer.config import TrainerSettings
+
+    subset = _subset_folder(tmp_path / "subset", docs)
+    settings = TrainerSettings(home=tmp_path / "home", encoder_dir=encoder_dir, redis_url=None).resolved()
+    path, manifest = build_index(BuildOptions(dataset=subset, rotation="pca", eval_split=None, train_split=None,
+                                              capacity=False, publish=False, embeddings=tmp_path / "emb"),
+                                 settings, OnnxEncoder(encoder_dir, threads=1))
+    assert manifest["corpus"]["encoded_now"] == 0 and manifest["corpus"]["documents"] == SUBSET
+    built = np.load(path / "docs.npy") @ np.load(path / "rotation.npy")  # back to encoder coordinates
+    assert np.allclose(built, X_ray, atol=1e-5)
+
+
+def _subset_folder(folder, docs):
+    """A BEIR folder holding ``docs`` only (one query and judgment so the loader accepts it)."""
+    import json
+
+    (folder / "qrels").mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w") as fh:
+        for d in docs:
+            fh.write(json.dumps({"_id": d.doc_id, "title": d.title, "text": d.text}) + "\n")
+    (folder / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "a question"}) + "\n")
+    (folder / "qrels" / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\nq1\t{docs[0].doc_id}\t1\n")
+    return folder

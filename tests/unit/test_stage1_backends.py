@@ -117,3 +117,22 @@ def test_collection_names_are_valid_and_distinct():
     assert milvus_collection_name("1x", "v", prefix="") .startswith("_")
     with pytest.raises(ValueError):
         milvus_collection_name("c", "v" * 300)
+
+
+def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
+    """The online CUS full-width top-1 comes from the version's backend (Milvus scans there, not docs.npy)."""
+    from prometheus_client import CollectorRegistry
+
+    from service.index import IndexVersion
+    from service.online_cus import OnlineCusMonitor, _Sample
+    from trainer.milvus_stage1 import write_version
+
+    path, X = _synthetic_version(tmp_path)
+    write_version(milvus.client, path)
+    mon = OnlineCusMonitor(CollectorRegistry(), 1.0, start=False)
+    for v in (IndexVersion.load(path), IndexVersion.load(path, stage1=milvus)):
+        for i in (3, 17, 1999):
+            q = X[i] + 0.01 * np.random.default_rng(i).standard_normal(D).astype(np.float32)
+            q /= np.linalg.norm(q)
+            top1 = f"d{int(np.argmax(X @ q))}"
+            assert mon.compare(_Sample(v, q, top1, "fixed")) and not mon.compare(_Sample(v, q, "d-other", "fixed"))
