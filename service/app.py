@@ -39,6 +39,7 @@ from service.auth import require_search_key
 from service.config import GatewaySettings
 from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
 from service.index import IndexVersion
+from service.stage1 import Stage1Unavailable
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import STAGES, CutoverMetrics, GatewayMetrics, bounded_method
 from service.online_cus import OnlineCusMonitor
@@ -445,7 +446,12 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             timings = {"encode": t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
             return out, timings
 
-        out, timings = await state.limiter.run(run, deadline)
+        try:
+            out, timings = await state.limiter.run(run, deadline)
+        except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
+            log.error("stage 1 unavailable for %s: %s", version.version, e)
+            raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
+                           headers={"Retry-After": str(settings.retry_after_s)}) from e
         m = state.metrics
         for stage in STAGES:
             if stage in timings:

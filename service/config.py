@@ -99,6 +99,8 @@ class GatewaySettings(BaseSettings):
     milvus_token: SecretStr | None = Field(None, description="Milvus credentials ('user:password' or an API key).")
     milvus_prefix: str = Field("adawidth", description="Prefix of the Milvus collection names "
                                                        "(<prefix>_<collection>_<version>).")
+    milvus_timeout_s: float = Field(2.0, gt=0, description="Longest wait for one Milvus call of a search, in "
+                                                           "seconds (503 stage1_unavailable beyond it).")
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
 
@@ -157,4 +159,4 @@ class GatewaySettings(BaseSettings):
         from service.stage1 import Stage1Provider
 
         token = self.milvus_token.get_secret_value() if self.milvus_token else None
-        return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix)
+        return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix, self.milvus_timeout_s)

@@ -48,6 +48,8 @@ STATUS_OF_CODE: dict[str, int] = {
     "version_refused": 409,
     "gate_refused": 409,
     "registry_unavailable": 503,
+    # stage 1 on an external engine (issue 10)
+    "stage1_unavailable": 503,
 }
 
 MAX_ECHO_CHARS = 64

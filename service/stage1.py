@@ -147,10 +147,16 @@ def version_description(manifest: dict, rescore_width: int) -> str:
 
 
 class Stage1Unavailable(RuntimeError):
-    """The backend cannot serve this version; ``code`` is a refusal reason of :mod:`service.versions`."""
+    """The backend cannot serve this version.
+
+    ``code`` is a refusal reason of :mod:`service.versions` (``missing``, ``schema``), or ``unreachable``: the
+    engine did not answer -- transient, so the version is retried rather than refused, and a search that
+    meets it answers 503 ``stage1_unavailable``.
+    """
 
     def __init__(self, code: str, message: str):
         self.code = code
+        self.transient = code == "unreachable"
         super().__init__(message)
 
 
@@ -173,16 +179,17 @@ class MilvusStage1:
         m0: stage-1 width.
         rescore_width: width H of the stored rescoring prefix.
         size: documents N of the version.
+        timeout_s: longest wait for one Milvus call, in seconds (pymilvus retries within it).
     """
 
     kind = "milvus"
 
-    def __init__(self, client, name: str, m0: int, rescore_width: int, size: int):
+    def __init__(self, client, name: str, m0: int, rescore_width: int, size: int, timeout_s: float = 2.0):
         self.client, self.name, self.m0 = client, name, m0
-        self.rescore_width, self.size = int(rescore_width), int(size)
+        self.rescore_width, self.size, self.timeout_s = int(rescore_width), int(size), float(timeout_s)
 
     @classmethod
-    def attach(cls, client, manifest: dict, prefix: str = "adawidth") -> "MilvusStage1":
+    def attach(cls, client, manifest: dict, prefix: str = "adawidth", timeout_s: float = 2.0) -> "MilvusStage1":
         """Check that the version's collection exists and matches the manifest, load it, return the backend.
 
         Raises:
@@ -190,7 +197,11 @@ class MilvusStage1:
                 ``schema`` (the collection describes another version, m0 or corpus).
         """
         name = milvus_collection_name(manifest["collection"], manifest["version"], prefix)
-        if not client.has_collection(name):
+        try:
+            exists = client.has_collection(name, timeout=timeout_s)
+        except Exception as e:  # connection refused, timeout: try again on the next reconcile
+            raise Stage1Unavailable("unreachable", f"Milvus did not answer: {type(e).__name__}: {e}") from e
+        if not exists:
             raise Stage1Unavailable("missing", f"Milvus has no collection {name} for version {manifest['version']} "
                                                f"(write it: python -m trainer milvus-write {manifest['collection']} "
                                                f"{manifest['version']})")
@@ -207,13 +218,30 @@ class MilvusStage1:
         if rows != manifest["corpus"]["documents"]:
             raise Stage1Unavailable("missing", f"Milvus collection {name} holds {rows} rows, the version "
                                                f"{manifest['corpus']['documents']} documents")
-        return cls(client, name, manifest["m0"], meta["rescore_width"], rows)
+        return cls(client, name, manifest["m0"], meta["rescore_width"], rows, timeout_s)
+
+    def _search(self, vector: np.ndarray, field: str, limit: int, output_fields: list[str]):
+        """One Milvus search; after a failure the collection is (re)loaded once -- a restarted Milvus may have
+        forgotten it was loaded -- and the search retried.
+
+        Raises:
+            Stage1Unavailable: ``unreachable`` when Milvus still does not answer.
+        """
+        kw = dict(anns_field=field, limit=int(limit), output_fields=output_fields, search_params={"metric_type": "IP"},
+                  timeout=self.timeout_s)
+        data = [np.asarray(vector, np.float32).tolist()]
+        try:
+            return self.client.search(self.name, data, **kw)
+        except Exception:
+            try:
+                self.client.load_collection(self.name, timeout=self.timeout_s)
+                return self.client.search(self.name, data, **kw)
+            except Exception as e:
+                raise Stage1Unavailable("unreachable", f"Milvus search on {self.name} failed: "
+                                                       f"{type(e).__name__}: {str(e)[:200]}") from e
 
     def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
-        res = self.client.search(self.name, [np.asarray(query_prefix, np.float32).tolist()], anns_field=STAGE1_FIELD,
-                                 limit=int(min(size, self.size)), output_fields=[RESCORE_FIELD, SQNORM_FIELD],
-                                 search_params={"metric_type": "IP"})
-        hits = res[0]
+        hits = self._search(query_prefix, STAGE1_FIELD, min(size, self.size), [RESCORE_FIELD, SQNORM_FIELD])[0]
         C = len(hits)
         rows = np.empty(C, np.int64)
         cos = np.empty(C, np.float32)
@@ -237,8 +265,7 @@ class MilvusStage1:
         if query.shape[-1] > self.rescore_width:
             raise ValueError(f"full width {query.shape[-1]} exceeds the rescoring width {self.rescore_width} "
                              f"stored in Milvus")
-        res = self.client.search(self.name, [np.asarray(query, np.float32).tolist()], anns_field=RESCORE_FIELD,
-                                 limit=int(min(k, self.size)), search_params={"metric_type": "IP"})
+        res = self._search(query, RESCORE_FIELD, min(k, self.size), [])
         rows = np.array([h[ROW_FIELD] for h in res[0]], dtype=np.int64)
         scores = np.array([h["distance"] for h in res[0]], dtype=np.float64)
         order = np.lexsort((rows, -scores))
@@ -258,10 +285,12 @@ class Stage1Provider:
         milvus_uri: see :func:`open_milvus_client` (``milvus`` only).
         milvus_token: Milvus credentials ``user:password`` or an API key (``milvus`` only).
         milvus_prefix: prefix of the collection names.
+        milvus_timeout_s: longest wait for one Milvus call of a search, in seconds.
     """
 
     def __init__(self, kind: str = "faiss", milvus_uri: str | None = None, milvus_token: str | None = None,
-                 milvus_prefix: str = "adawidth"):
+                 milvus_prefix: str = "adawidth", milvus_timeout_s: float = 2.0):
+        self.milvus_timeout_s = float(milvus_timeout_s)
         if kind not in ("faiss", "milvus"):
             raise ValueError(f"stage-1 backend must be 'faiss' or 'milvus', got {kind!r}")
         if kind == "milvus" and not milvus_uri:
@@ -271,8 +300,17 @@ class Stage1Provider:
 
     @property
     def client(self):
+        """The process's Milvus client, connected on first use.
+
+        Raises:
+            Stage1Unavailable: ``unreachable`` when Milvus does not answer (the next call tries again).
+        """
         if self._client is None:
-            self._client = open_milvus_client(self.milvus_uri, self.milvus_token)
+            try:
+                self._client = open_milvus_client(self.milvus_uri, self.milvus_token)
+            except Exception as e:
+                raise Stage1Unavailable("unreachable", f"cannot connect to Milvus at {self.milvus_uri}: "
+                                                       f"{type(e).__name__}: {e}") from e
         return self._client
 
     def attach(self, path: Path, manifest: dict, docs: np.ndarray, doc_sqnorm_m0: np.ndarray) -> Stage1Backend:
@@ -285,7 +323,7 @@ class Stage1Provider:
             import faiss
 
             return FaissStage1(faiss.read_index(str(Path(path) / "stage1.faiss")), docs, doc_sqnorm_m0)
-        return MilvusStage1.attach(self.client, manifest, self.milvus_prefix)
+        return MilvusStage1.attach(self.client, manifest, self.milvus_prefix, self.milvus_timeout_s)
 
     def close(self) -> None:
         if self._client is not None:

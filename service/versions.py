@@ -184,6 +184,8 @@ class VersionManager:
             v = IndexVersion.load(path, encoder_sha256=self.encoder.info.onnx_sha256, dimension=self.encoder.dimension,
                                   stage1=self.stage1)
         except Stage1Unavailable as e:
+            if e.transient:  # the engine did not answer: not a verdict on the version; retried next reconcile
+                raise
             raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
         except artifact.IndexVersionError as e:
             raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
@@ -422,6 +424,9 @@ class RegistryFollower:
             return state
 
     def _report_refusal(self, version: str, e: Exception) -> None:
+        if getattr(e, "transient", False):  # e.g. Milvus unreachable: retried on the next reconcile, not refused
+            log.warning("cannot load %s/%s yet: %s", self.collection, version, e)
+            return
         code = getattr(e, "code", "load_error")
         with contextlib.suppress(RegistryUnavailable):
             self.registry.record(self.collection, {"action": "refuse", "version": version, "reason": code,

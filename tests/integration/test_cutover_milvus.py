@@ -176,3 +176,37 @@ def test_version_without_its_milvus_collection_is_refused_and_live_traffic_untou
         code, body = readyz(g.url)
         assert code == 200 and body["status"] == "degraded" and f"{bad} refused here (missing)" in body["degraded"][0]
     assert reg.rollback("scifact", reason="no milvus collection").live == v1
+
+
+def test_milvus_outage_answers_503_then_recovers(cluster, queries):
+    """Milvus down: searches answer 503 ``stage1_unavailable`` with Retry-After (never 500); back up: 200 again."""
+    import signal
+    import time
+
+    gws, milvus, v1 = cluster["gateways"], cluster["milvus"], cluster["v1"]
+    import os
+
+    os.killpg(milvus.proc.pid, signal.SIGKILL)  # a crash
+    milvus.proc.wait(10)
+    try:
+        with httpx.Client(timeout=60) as client:
+            for i, width in enumerate((64, "auto", "full")):
+                r = client.post(f"{gws[i % 2].url}/v1/search", json={"query": queries[i], "k": 10, "width": width})
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "stage1_unavailable" and "Retry-After" in r.headers
+            for g in gws:
+                assert readyz(g.url)[0] == 200  # the replica itself is fine; the engine behind it is not
+    finally:
+        milvus.start()  # same port, same data folder (recovered from its write-ahead log)
+    deadline = time.monotonic() + 90
+    with httpx.Client(timeout=60) as client:
+        for g in gws:
+            while True:
+                r = client.post(f"{g.url}/v1/search", json={"query": queries[0], "k": 10, "width": "auto"})
+                if r.status_code == 200:
+                    assert r.json()["trace"]["index_version"] == v1
+                    break
+                assert r.status_code == 503 and time.monotonic() < deadline, r.text
+                time.sleep(0.5)
+    for g in gws:
+        assert metric(g.url, "adawidth_errors_total", code="stage1_unavailable") >= 1
