@@ -198,14 +198,17 @@ def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path)
     row["faiss"]["process_rss_bytes"] = rss_bytes()
     del vf
     modes = ["lite"] + (["server"] if args.server and row["documents"] <= args.server_max_n else [])
+    modes += ["remote"] if args.milvus_uri else []  # a Milvus standalone or cluster
     for mode in modes:
         proc = None
         if mode == "lite":
             provider = Stage1Provider("milvus", str(work / f"{label}-lite.db"))
+        elif mode == "remote":
+            provider = Stage1Provider("milvus", args.milvus_uri, args.milvus_token)
         else:
             proc, uri = start_server(work / f"{label}-server")
             provider = Stage1Provider("milvus", uri)
-        before = rss_bytes() if mode == "lite" else tree_rss_bytes(proc.pid)
+        before = rss_bytes() if mode == "lite" else tree_rss_bytes(proc.pid) if proc else 0
         t = time.perf_counter()
         result: dict = {}
         done = threading.Event()
@@ -229,7 +232,7 @@ def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path)
             row[f"milvus_{mode}"] = {"feasible": False, "reason": result["error"]}
             return row | {"stop": True}
         write_s = time.perf_counter() - t
-        after = rss_bytes() if mode == "lite" else tree_rss_bytes(proc.pid)
+        after = rss_bytes() if mode == "lite" else tree_rss_bytes(proc.pid) if proc else 0
         vm = IndexVersion.load(path, stage1=provider)
         res = time_backend(vm, Q, width, args.threads)
         ids = res.pop("_ids")
@@ -253,9 +256,8 @@ implementation of the Milvus protocol and engine: it measures the integration (t
 search and output fields a Milvus cluster serves), not a Milvus cluster's speed (C++ query nodes, SIMD scans, shards
 in parallel), which could not be run here (no container runtime). Its search costs about 150 ms per query even at
 5,183 documents, almost all of it inside the engine (profiled: the client's share is a few milliseconds), and grows
-with N. Writing 1M documents (64-d stage-1 and 384-d rescoring vectors) took 593 s at 1,686 rows/s and 2.4 GiB of
-resident memory, on 2 cores shared with other jobs (load average 8-12). faiss in process is therefore 18-390x faster at every size
-measured here; the Milvus backend is for corpora that do not fit one gateway's memory, not for speed on one machine.
+with N. The machine's other jobs (see the load average) slow every backend alike. faiss in process is therefore
+much faster on one machine (the ratios above); the Milvus backend is for corpora that do not fit one gateway's memory, not for speed on one machine.
 Both backends return the same top-10 for every query (FLAT is exact; the congruence tests check this on SciFact)."""
 
 
@@ -270,11 +272,12 @@ def markdown(report: dict) -> str:
         f = r["faiss"]
         lines.append(f"| {r['corpus']} | {r['documents']:,} | faiss (in process) | {f['p50_ms']} | {f['p95_ms']} | "
                      f"{f['stage1_p50_ms']} | {f['qps_1_client']} | {f[qk]} | 1 | 1 | | |")
-        for mode in ("lite", "server"):
+        for mode in ("lite", "server", "remote"):
             m = r.get(f"milvus_{mode}")
             if m is None:
                 continue
-            name = "Milvus Lite in process" if mode == "lite" else "Milvus Lite server (gRPC)"
+            name = {"lite": "Milvus Lite in process", "server": "Milvus Lite server (gRPC)",
+                    "remote": "Milvus (--milvus-uri)"}[mode]
             if not m.get("feasible"):
                 lines.append(f"| {r['corpus']} | {r['documents']:,} | {name} | not measured: {m['reason']} "
                              "| | | | | | | | |")
@@ -296,6 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, default=300, help="SciFact test queries used (at most 300)")
     p.add_argument("--threads", type=int, default=4, help="concurrent clients of the throughput run")
     p.add_argument("--server", action="store_true", help="also measure a Milvus Lite server process over gRPC")
+    p.add_argument("--milvus-uri", help="also measure this Milvus (http://host:19530: standalone or a cluster)")
+    p.add_argument("--milvus-token", help="its credentials")
     p.add_argument("--server-max-n", type=int, default=100_000, help="largest corpus measured with the server")
     p.add_argument("--write-budget-s", type=float, default=900.0, help="largest time to write one corpus to Milvus")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stage1_backends")
@@ -349,7 +354,9 @@ def conclusion(rows: list[dict]) -> str:
         if m.get("feasible"):
             out.append(f"{r['corpus']}: Milvus Lite p50 {m['p50_ms']} ms vs faiss {r['faiss']['p50_ms']} ms "
                        f"(×{m['p50_ratio_to_faiss']}); top-10 equal to faiss on {m['top10_equal_to_faiss']:.0%} "
-                       f"of queries.")
+                       f"of queries; writing {r['documents']:,} rows took {m['write_seconds']} s "
+                       f"({m['rows_per_s_written']:,.0f} rows/s, {m['milvus_rss_growth_bytes'] / 2**30:.2f} GiB "
+                       f"resident memory).")
         elif m:
             out.append(f"{r['corpus']}: Milvus Lite not measured ({m['reason']}).")
     return "Summary: " + " ".join(out)
