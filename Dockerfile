@@ -49,7 +49,8 @@ ARG TORCH_INDEX_GPU=https://download.pytorch.org/whl/cu126
 # hadolint ignore=DL3013
 RUN if [ "${ACCELERATOR}" = "gpu" ]; then index="${TORCH_INDEX_GPU}"; else index="${TORCH_INDEX_CPU}"; fi \
  && pip install "torch==${TORCH_VERSION}" --index-url "${index}" \
- && pip install '.[train,scale]' \
+ && pip install '.[train]' \
+ && pip install '.[scale]' \
  && if [ "${ACCELERATOR}" = "gpu" ]; then \
       pip uninstall -y onnxruntime faiss-cpu \
       && pip install 'onnxruntime-gpu[cuda,cudnn]>=1.20' 'faiss-gpu-cu12>=1.8'; \
