@@ -87,24 +87,20 @@ def synthetic_version(root: Path, n: int, X_fit: np.ndarray, R: np.ndarray, m0: 
     """Write an index version of ``n`` documents from the Gaussian fitted to ``X_fit`` ((N, D) unit rows)."""
     import faiss
 
+    from adawidth.synthetic import fit_gaussian, sample_corpus
+
     D = X_fit.shape[1]
-    mu = X_fit.mean(0)
-    w, V = np.linalg.eigh(np.cov(X_fit, rowvar=False))
-    A = (V * np.sqrt(np.clip(w, 0, None))).astype(np.float32)
-    rng = np.random.default_rng(seed)
+    model = fit_gaussian(X_fit)
     tmp = root / f"synthetic-{n}-parts"
     tmp.mkdir(parents=True, exist_ok=True)
     docs = np.lib.format.open_memmap(tmp / "docs.npy", mode="w+", dtype=np.float32, shape=(n, D))
+    sample_corpus(model, n, seed=seed, rotation=R, out=docs)  # rows normalise(x) @ R.T
     index = faiss.IndexFlatIP(m0)
     sq = np.empty(n, np.float32)
     for s in range(0, n, 100_000):
-        b = min(100_000, n - s)
-        X = (mu + rng.standard_normal((b, D), dtype=np.float32) @ A.T).astype(np.float32)
-        X /= np.linalg.norm(X, axis=1, keepdims=True)
-        Xr = (X @ R.T).astype(np.float32)
-        docs[s:s + b] = Xr
+        Xr = np.asarray(docs[s:s + 100_000])
         index.add(prefix_normalize(Xr, m0))
-        sq[s:s + b] = np.einsum("ij,ij->i", Xr[:, :m0], Xr[:, :m0])
+        sq[s:s + len(Xr)] = np.einsum("ij,ij->i", Xr[:, :m0], Xr[:, :m0])
     docs.flush()
     del docs
     writers = {"rotation.npy": lambda p: np.save(p, R.astype(np.float32)),
