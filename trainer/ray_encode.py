@@ -9,7 +9,8 @@
    unit norm);
 2. **rotate** (after the builder has fixed R): the shards -> ``R @ x`` per row ->
    parquet shards of ``doc_id`` and ``rotated`` ((D,) float32), which
-   :func:`trainer.milvus_stage1.insert_rows` can stream into Milvus.
+   :func:`trainer.milvus_stage1.insert_rows` can take in batches (not wired yet: the
+   trainer writes Milvus from the version's ``docs.npy``).
 
 :func:`read_shards` reads either kind back in corpus order (the builder's
 ``--embeddings SHARDS``); rows are matched by document id, so shard order and
