@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                             # the daemon's rebuilds go live at once (quality gate aside): that is what
                             # "rebuild and publish on new data" means for an unattended trainer
                             promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
-                            router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity)
+                            router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
+                            cars={"rank": args.cars_rank} if args.cars else None)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
@@ -137,6 +138,9 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                    help="train the router on queries ranked by adapters that did not see them (0: off)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-capacity", action="store_true", help="skip the capacity report")
+    b.add_argument("--cars", action="store_true",
+                   help="fit Shared and Dual low-rank adapters, select one by CARS, serve it (docs/METHOD.md)")
+    b.add_argument("--cars-rank", type=int, default=16, help="rank r of the CARS adapters")
 
 
 if __name__ == "__main__":
