@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["32", "128", "512", "all"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--prior-queries", type=float, default=0.0,
+                    help="weight decay = this / n (0: the fixed CarsConfig.weight_decay)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cars")
     ap.add_argument("--cache", type=Path, default=ROOT / "var" / "cache" / "embeddings.sqlite")
     args = ap.parse_args(argv)
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     Qte, _ = encode_with_cache(encoder, [col.queries[q] for q in te], cache)
     cache.close()
     positives = [np.array([row[d] for d, g in train[q].items() if g > 0], dtype=np.int64) for q in tq]
-    cfg = CarsConfig(rank=args.rank)
+    cfg = CarsConfig(rank=args.rank, prior_queries=args.prior_queries)
 
     def evaluate(W: np.ndarray, cited: set) -> dict:
         S = (Qte @ W) @ X.T
@@ -93,7 +95,9 @@ def main(argv=None) -> int:
             print({k: v for k, v in run.items() if k != "cars_splits"}, flush=True)
     command = "OMP_NUM_THREADS=1 .venv/bin/python bench/cars.py" + (
         f" --sizes {' '.join(args.sizes)}" if args.sizes != ["32", "128", "512", "all"] else "") + (
-        f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "")
+        f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") + (
+        f" --prior-queries {args.prior_queries:g} --out {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}"
+        if args.prior_queries else "")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cars.json").write_text(json.dumps({"command": command, "config": asdict(cfg), "frozen": frozen,
                                                     "runs": runs}, indent=1))

@@ -33,6 +33,7 @@ class CarsConfig:
     negatives_pool: int = 50
     temperature: float = 0.05
     weight_decay: float = 1e-3
+    prior_queries: float = 0.0  # > 0: weight decay = prior_queries / n training queries (a fixed-strength prior)
     steps: int = 200
     learning_rate: float = 1e-2
     init_scale: float = 0.01
@@ -90,6 +91,7 @@ def fit_operator(Q: np.ndarray, X: np.ndarray, triples, geometry: str, cfg: Cars
     q = torch.as_tensor(Q[qi], dtype=torch.float32)
     diff = torch.as_tensor(X[pi] - X[ni], dtype=torch.float32)
     base = (q * diff).sum(1)
+    decay = cfg.prior_queries / len(np.unique(qi)) if cfg.prior_queries > 0 else cfg.weight_decay
     init = torch.randn(cfg.rank, p, generator=g) * cfg.init_scale
     A = init.clone().requires_grad_(True)
     params = [A]
@@ -103,7 +105,7 @@ def fit_operator(Q: np.ndarray, X: np.ndarray, triples, geometry: str, cfg: Cars
         right = B if geometry == "dual" else A
         gap = base + ((q @ A.T) * (diff @ right.T)).sum(1)
         loss = torch.nn.functional.softplus(-gap / cfg.temperature).mean() + \
-            cfg.weight_decay * sum((t ** 2).sum() for t in params)
+            decay * sum((t ** 2).sum() for t in params)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))

@@ -196,3 +196,20 @@ def test_lexical_files_are_checksummed(version, tmp_path):
     with pytest.raises(artifact.IndexVersionError) as e:
         IndexVersion.load(path)
     assert e.value.code == "checksum"
+
+
+def test_access_settings_are_validated():
+    import hashlib
+
+    from pydantic import ValidationError
+
+    from service.config import GatewaySettings
+
+    digest = hashlib.sha256(b"some-long-random-key-123").hexdigest()
+    ok = GatewaySettings(access_policy="api_key", principals={digest: {"tenant": "acme", "groups": ["eng"]}})
+    assert ok.principals[digest]["tenant"] == "acme"
+    for bad in [dict(access_policy="api_key", search_api_key="Zq8-long-random-search-key"),
+                dict(principals={"not-a-digest": {"tenant": "acme"}}),
+                dict(principals={digest: {"groups": ["eng"]}})]:
+        with pytest.raises(ValidationError):
+            GatewaySettings(**bad)
