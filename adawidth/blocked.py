@@ -51,6 +51,7 @@ class BlockedCorpus:
         if D % block:
             raise ValueError(f"dimension {D} is not a multiple of the block size {block}")
         self.block, self.N, self.D = block, N, D
+        self.matrix = X_rot  # (N, D) row-major copy, for rescoring reads of candidate rows
         self.blocks = [np.ascontiguousarray(X_rot[:, s:s + block]) for s in range(0, D, block)]
         sq = np.stack([np.einsum("ij,ij->i", b, b) for b in self.blocks], axis=1)
         self.cum_sqnorm = np.concatenate([np.zeros((N, 1), np.float32), np.cumsum(sq, axis=1)], axis=1)
@@ -101,5 +102,5 @@ class BlockedCorpus:
                              state.query_sqnorm, state.width)
 
     def full_matrix(self) -> np.ndarray:
-        """The rotated corpus reassembled, (N, D) float32 (for rescoring reads of candidate rows)."""
-        return np.concatenate(self.blocks, axis=1)
+        """The rotated corpus, (N, D) float32 (for rescoring reads of candidate rows)."""
+        return self.matrix

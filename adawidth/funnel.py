@@ -35,6 +35,8 @@ class Resolution:
         router_score: predicted escalation gain (None unless policy ``auto``).
         coordinates_scored: multiply-adds of the query, stage 1 (N × m0 for a flat
             scan) plus rescoring (C × (width − m0) when width > m0, else C × width).
+        stage1_work: the stage-1 share of ``coordinates_scored`` (documents visited × width).
+        rescoring_work: the rescoring share (candidates × coordinates added).
     """
 
     rows: np.ndarray
@@ -43,6 +45,8 @@ class Resolution:
     escalated: bool
     router_score: float | None
     coordinates_scored: int
+    stage1_work: int = 0
+    rescoring_work: int = 0
 
 
 def exact_stage1(query: np.ndarray, docs_prefix_normalized: np.ndarray, m0: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +119,7 @@ def resolve(query: np.ndarray, docs: np.ndarray, doc_sqnorm_m0: np.ndarray, stag
     s1 = stage1_work if stage1_work is not None else docs.shape[0] * m0
     return Resolution(rows=partial.candidates[pos], scores=cos[pos], width=int(width),
                       escalated=bool(escalated), router_score=router_score,
-                      coordinates_scored=int(s1 + rescoring))
+                      coordinates_scored=int(s1 + rescoring), stage1_work=int(s1), rescoring_work=int(rescoring))
 
 
 def exact_stage1_batch(queries: np.ndarray, docs_prefix_normalized: np.ndarray, m0: int, size: int,

@@ -1,25 +1,31 @@
 """Per-query stage-1 width, shortlist depth and rescoring width, learned, against the best static funnel.
 
-Every query first scans the corpus on one coordinate block (16 coordinates; ``adawidth.blocked``).
-From that cheap evidence — the 18 order statistics of §3.2.2 of 001 on its top-500 stage-1 scores,
-the query's energy in its leading coordinates, and the stability of its top-10 when the top-100
-candidates are rescored at 32 coordinates (100 × 16 multiply-adds) — a policy picks one funnel
-configuration (m1, C, r) from the same grid as the static sweep (``bench/frontier.py``), paying
-N·m1 + C·(r − m1) multiply-adds plus the evidence.  The policy is a LightGBM regressor of each
-configuration's NDCG@10 (configuration parameters are features), fitted on training queries only;
-at query time it picks the configuration maximising predicted NDCG@10 − λ · work / full work.
-Sweeping λ traces a curve to compare with the static Pareto frontier evaluated on the same test
-queries; the oracle picks with the true NDCG@10 (the upper bound of any policy on this grid).
+Every query first scans the corpus on one coordinate block (16 coordinates; ``adawidth.blocked``)
+and reads 22 evidence values from it (``adawidth.stage1_policy``).  A LightGBM regressor, fitted on
+training queries only, predicts for every configuration (m1, C, r) of the static sweep's grid either
+its top-10 agreement with exhaustive full-width search (label-free target) or its NDCG@10 (labelled
+target).  Two policies use it:
 
-For a learned rotation, the training queries are ranked through cross-fitted adapters (trained on
-the other folds), so the policy never learns from queries its rotation memorised.
+* ``threshold`` (agreement target): the cheapest configuration whose predicted agreement clears τ;
+* ``tradeoff`` (NDCG target): the configuration maximising predicted NDCG@10 − λ · work / full work.
+
+Each query pays N·m1 + C·(r − m1) multiply-adds plus the evidence (100 × 16); the first block's scan
+is part of every m1 >= 16, so it is not paid twice.  Sweeping τ or λ traces a curve that is compared
+with the static Pareto frontier on the same test queries: the work saved at equal NDCG@10 (within
+0.5 %) and the NDCG@10 added at equal work, with 95 % bootstrap intervals over queries.  The oracle
+picks with the true NDCG@10 (the upper bound of any policy on this grid).
+
+Protocols: with a train split (SciFact) the policy is fitted on the train queries, ranked through
+cross-fitted adapters when the rotation is learned, and scored on the test queries (all, and the
+unseen subset); with ``--folds K`` (the classic collections) it is K-fold cross-validation over the
+judged queries, with a label-free rotation (identity or PCA).
 
 Usage::
 
     .venv/bin/python bench/adaptive.py --dataset data/scifact --rotation pca
-    .venv/bin/python bench/adaptive.py --dataset data/scifact --rotation adapter_on_pca
+    .venv/bin/python bench/adaptive.py --dataset ../shared/data/cranfield --rotation pca --folds 5
 
-Writes ``bench/results/adaptive_<collection>_<rotation>.{json,md,png}``.
+Writes ``bench/results/adaptive/<collection>_<rotation>.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -34,97 +40,75 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from adawidth.beir import load_collection, load_qrels  # noqa: E402
-from adawidth.blocked import BlockedCorpus  # noqa: E402
-from adawidth.funnel import exact_stage1_batch, resolve  # noqa: E402
+from adawidth import stage1_policy as sp  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
-from adawidth.prefix import prefix_normalize, top_k  # noqa: E402
-from adawidth.rotation import pca_rotation  # noqa: E402
-from adawidth.router import router_features  # noqa: E402
+from adawidth.prefix import exact_prefix_search  # noqa: E402
+from funnels import bootstrap_ci, learned_rotation, load_embedded, pareto_indices  # noqa: E402
 
-STAGE1_WIDTHS = (16, 32, 48, 64)
-SHORTLISTS = (100, 200, 500, 1000)
-RESCORE_WIDTHS = (128, 256, 384)
-CONFIGS = [(m1, C, r) for m1 in STAGE1_WIDTHS for C in SHORTLISTS for r in RESCORE_WIDTHS]
-BLOCK = 16
-EVIDENCE_WORK = 100 * 16  # rescoring the top-100 from 16 to 32 coordinates
+TAUS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+LAMBDAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 
-def config_ndcg(X_rot: np.ndarray, Q_rot: np.ndarray, judgments: list[dict], doc_ids: list[str]) -> np.ndarray:
-    """(Q, len(CONFIGS)) NDCG@10 of every query under every static configuration."""
-    N = X_rot.shape[0]
-    out = np.empty((len(Q_rot), len(CONFIGS)))
-    col = 0
-    for m1 in STAGE1_WIDTHS:
-        sq = np.einsum("ij,ij->i", X_rot[:, :m1], X_rot[:, :m1])
-        rows, sc = exact_stage1_batch(Q_rot, prefix_normalize(X_rot, m1), m1, max(SHORTLISTS))
-        for C in SHORTLISTS:
-            C = min(C, N)
-            for r in RESCORE_WIDTHS:
-                for i in range(len(Q_rot)):
-                    res = resolve(Q_rot[i], X_rot, sq, rows[i, :C], sc[i, :C], m0=m1, k=10, width=r)
-                    out[i, col] = ndcg_at_k([doc_ids[j] for j in res.rows], judgments[i], 10)
-                col += 1
-    return out
+def ndcg_matrix(rankings: np.ndarray, judgments: list[dict], doc_ids: list[str]) -> np.ndarray:
+    return np.array([[ndcg_at_k([doc_ids[r] for r in rankings[i, j]], judgments[i], 10)
+                      for j in range(rankings.shape[1])] for i in range(rankings.shape[0])])
 
 
-def config_work(N: int) -> np.ndarray:
-    return np.array([N * m1 + min(C, N) * (r - m1) for m1, C, r in CONFIGS], dtype=np.float64)
-
-
-def evidence(X_rot: np.ndarray, Q_rot: np.ndarray) -> np.ndarray:
-    """(Q, 22) features from the first block: 18 router features, prefix energies, top-10 stability."""
-    bc = BlockedCorpus(X_rot, BLOCK)
-    full = bc.full_matrix()
-    feats = []
-    for q in Q_rot:
-        s = bc.extend(bc.start(), q, BLOCK)
-        rows, cos = bc.shortlist(s, 500)
-        p32 = bc.partial_scores(s, rows[:100]).extend(q, full, 32)
-        top32 = set(rows[:100][top_k(p32.cosine(), 10)].tolist())
-        stability = len(top32 & set(rows[:10].tolist())) / 10
-        energy = [float(q[:w] @ q[:w]) for w in (16, 32, 64)]
-        feats.append(np.concatenate([router_features(cos), energy, [stability]]))
-    return np.array(feats)
-
-
-def design(feats: np.ndarray, work: np.ndarray, full_work: float) -> np.ndarray:
-    """Rows (query, configuration): evidence features + configuration parameters."""
-    Q = feats.shape[0]
-    cfg = np.array([[m1, C, r, w / full_work] for (m1, C, r), w in zip(CONFIGS, work)])
-    return np.concatenate([np.repeat(feats, len(CONFIGS), 0), np.tile(cfg, (Q, 1))], axis=1)
-
-
-def fit_policy(feats: np.ndarray, ndcg: np.ndarray, work: np.ndarray, full_work: float, seed: int = 0):
+def fit(feats: np.ndarray, target: np.ndarray, grid, N: int, full_work: float, seed: int):
     import lightgbm as lgb
 
     params = {"objective": "regression", "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 40,
               "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1, "verbose": -1,
-              "num_threads": 2, "seed": seed, "deterministic": True, "force_row_wise": True}
-    return lgb.train(params, lgb.Dataset(design(feats, work, full_work), ndcg.ravel()), num_boost_round=300)
+              "num_threads": 1, "seed": seed, "deterministic": True, "force_row_wise": True}
+    names = list(sp.EVIDENCE_NAMES + sp.CONFIG_NAMES)
+    return lgb.train(params, lgb.Dataset(sp.design(feats, grid, N, full_work), target.ravel(), feature_name=names),
+                     num_boost_round=300)
 
 
-def choose(pred: np.ndarray, work: np.ndarray, full_work: float, lam: float) -> np.ndarray:
-    """Per query, the configuration maximising predicted NDCG − λ · work / full work."""
-    return np.argmax(pred - lam * work[None, :] / full_work, axis=1)
+class Split:
+    """Evidence, rankings and targets of one set of queries under one rotation."""
+
+    def __init__(self, X_rot, Q_rot, Q_raw, X_raw, judgments, doc_ids, grid):
+        self.feats = sp.evidence_matrix(X_rot, Q_rot)
+        self.rankings = sp.funnel_rankings(X_rot, Q_rot, grid)
+        reference = exact_prefix_search(Q_raw, X_raw, X_raw.shape[1], 10)  # rotation-invariant full width
+        self.agreement = sp.top10_agreement(self.rankings, reference)
+        self.ndcg = ndcg_matrix(self.rankings, judgments, doc_ids) if judgments is not None else None
+        self.full_ndcg = (np.array([ndcg_at_k([doc_ids[r] for r in reference[i]], judgments[i], 10)
+                                    for i in range(len(judgments))]) if judgments is not None else None)
 
 
-def pareto_idx(work: np.ndarray, quality: np.ndarray) -> list[int]:
-    order = np.lexsort((-quality, work))
-    out, best = [], -np.inf
-    for i in order:
-        if quality[i] > best:
-            out.append(int(i))
-            best = quality[i]
+def concat(splits: list[Split], order: np.ndarray) -> Split:
+    out = Split.__new__(Split)
+    for attr in ("feats", "rankings", "agreement", "ndcg", "full_ndcg"):
+        parts = [getattr(s, attr) for s in splits]
+        out.__dict__[attr] = np.concatenate(parts)[np.argsort(order)] if parts[0] is not None else None
     return out
 
 
-def bootstrap_ci(diff: np.ndarray, n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(diff), (n, len(diff)))
-    means = diff[idx].mean(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def compare(per_q: np.ndarray, w: np.ndarray, nte: np.ndarray, work: np.ndarray, front: list[int],
+            unseen: np.ndarray | None, full_work: float, grid) -> dict:
+    """One policy point against the static frontier on the same queries."""
+    static_q = nte.mean(0)
+    pt = {"work": float(w.mean()), "work_ratio_to_full": float(w.mean() / full_work), "ndcg@10": float(per_q.mean()),
+          "ndcg@10_unseen": float(per_q[unseen].mean()) if unseen is not None and unseen.any() else None}
+    ok = [i for i in front if static_q[i] >= 0.995 * pt["ndcg@10"]]
+    if ok:
+        s = min(ok, key=lambda i: work[i])
+        diff = per_q - nte[:, s]
+        pt["static_equal_quality"] = {"config": vars(grid[s]), "work_ratio_to_full": float(work[s] / full_work),
+                                      "ndcg@10": float(static_q[s]), "work_saved": float(1 - pt["work"] / work[s]),
+                                      "ndcg_diff": float(diff.mean()), "ci95": bootstrap_ci(diff)}
+    cheaper = [i for i in range(len(grid)) if work[i] <= pt["work"]]
+    if cheaper:
+        s = max(cheaper, key=lambda i: static_q[i])
+        diff = per_q - nte[:, s]
+        pt["static_equal_work"] = {"config": vars(grid[s]), "work_ratio_to_full": float(work[s] / full_work),
+                                   "ndcg@10": float(static_q[s]), "ndcg_added": float(diff.mean()),
+                                   "ci95": bootstrap_ci(diff)}
+    return pt
 
 
 def main(argv=None) -> int:
@@ -132,151 +116,181 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", type=Path, required=True)
     p.add_argument("--collection")
     p.add_argument("--rotation", default="pca", choices=["identity", "pca", "adapter", "adapter_on_pca"])
+    p.add_argument("--folds", type=int, default=0, help="K-fold CV over the judged queries (0: train → test)")
     p.add_argument("--crossfit-folds", type=int, default=4)
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--home", type=Path, default=ROOT / "var")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-
-    from service.encoder import OnnxEncoder
-    from trainer.adapter import AdapterConfig, train_adapter
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-    from trainer.export_onnx import export_encoder
+    if args.folds and args.rotation.startswith("adapter"):
+        p.error("--folds needs a label-free rotation (identity or pca)")
 
     t0 = time.time()
-    name = args.collection or args.dataset.name
-    encoder = OnnxEncoder(export_encoder(args.home / "models" / "minilm-onnx"))
-    col = load_collection(args.dataset, "test")
-    train_qrels = load_qrels(args.dataset, "train")
-    doc_ids = [d.doc_id for d in col.corpus]
-    row_of = {d: i for i, d in enumerate(doc_ids)}
-    cache = EmbeddingCache(args.home / "cache" / "embeddings.sqlite", encoder.dimension)
-    X, _ = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache)
-    test_ids = sorted(col.judged_queries())
-    train_ids = sorted(q for q, j in train_qrels.items() if q in col.queries and any(v > 0 for v in j.values()))
-    E, _ = encode_with_cache(encoder, [col.queries[q] for q in test_ids + train_ids], cache)
-    cache.close()
-    Qt, Qtr = E[: len(test_ids)], E[len(test_ids):]
-    jt, jtr = [col.qrels[q] for q in test_ids], [train_qrels[q] for q in train_ids]
-    cited = {d for j in jtr for d, g in j.items() if g > 0}
-    unseen = np.array([not any(d in cited for d, g in j.items() if g > 0) for j in jt])
-    pos = [np.array([row_of[d] for d, g in j.items() if g > 0 and d in row_of]) for j in jtr]
-    N, D = X.shape
+    emb = load_embedded(args.dataset, args.home, args.collection, use_train=not args.folds)
+    if not args.folds and not emb.train_ids:
+        p.error(f"{args.dataset} has no train split: use --folds 5")
+    X, N, D = emb.X, emb.X.shape[0], emb.X.shape[1]
     full_work = float(N * D)
-    work = config_work(N)
-    R_pca = pca_rotation(X)
-    base = R_pca if args.rotation in ("pca", "adapter_on_pca") else np.eye(D)
+    grid = sp.default_grid()
+    work = np.array([c.work(N) for c in grid], dtype=np.float64)
+    Qt = emb.Qt
 
-    def learned(idx):
-        if not args.rotation.startswith("adapter"):
-            return base
-        R_l, _ = train_adapter(Qtr[idx] @ base.T, X @ base.T, [pos[i] for i in idx],
-                               AdapterConfig(epochs=args.epochs, seed=args.seed), progress=False)
-        return R_l @ base
-
-    # training data: cross-fitted rankings of the training queries
-    folds = args.crossfit_folds if args.rotation.startswith("adapter") else 1
-    fold_of = np.random.default_rng(args.seed + 1).permutation(len(train_ids)) % folds
-    ftr = np.empty((len(train_ids), 22))
-    ntr = np.empty((len(train_ids), len(CONFIGS)))
-    for f in range(folds):
-        held = np.flatnonzero(fold_of == f)
-        R = learned(np.flatnonzero(fold_of != f)) if folds > 1 else base
-        Xr, Qr = (X @ R.T).astype(np.float32), (Qtr[held] @ R.T).astype(np.float32)
-        ftr[held] = evidence(Xr, Qr)
-        ntr[held] = config_ndcg(Xr, Qr, [jtr[i] for i in held], doc_ids)
-    print(f"training data ready ({time.time() - t0:.0f} s)", file=sys.stderr)
-    # test: the served rotation trained on all training queries
-    R = learned(np.arange(len(train_ids)))
-    Xr, Qr = (X @ R.T).astype(np.float32), (Qt @ R.T).astype(np.float32)
-    fte = evidence(Xr, Qr)
-    nte = config_ndcg(Xr, Qr, jt, doc_ids)
-    model = fit_policy(ftr, ntr, work, full_work, args.seed)
-    pred = model.predict(design(fte, work, full_work)).reshape(len(test_ids), len(CONFIGS))
+    if args.folds:
+        R = learned_rotation(args.rotation, X, None, None)
+        Xr = (X @ R.T).astype(np.float32)
+        test = Split(Xr, (Qt @ R.T).astype(np.float32), Qt, X, emb.judg_t, emb.doc_ids, grid)
+        fold_of = np.random.default_rng(args.seed).permutation(len(Qt)) % args.folds
+        pred_agree = np.empty((len(Qt), len(grid)))
+        pred_ndcg = np.empty((len(Qt), len(grid)))
+        for f in range(args.folds):
+            tr, te = fold_of != f, fold_of == f
+            ma = fit(test.feats[tr], test.agreement[tr], grid, N, full_work, args.seed)
+            mn = fit(test.feats[tr], test.ndcg[tr], grid, N, full_work, args.seed)
+            dm = sp.design(test.feats[te], grid, N, full_work)
+            pred_agree[te] = ma.predict(dm).reshape(-1, len(grid))
+            pred_ndcg[te] = mn.predict(dm).reshape(-1, len(grid))
+        n_train, folds_note = f"{args.folds}-fold CV", f"{args.folds}-fold cross-validation over judged queries"
+    else:
+        pos = emb.positives(emb.judg_tr)
+        folds = args.crossfit_folds if args.rotation.startswith("adapter") else 1
+        fold_of = np.random.default_rng(args.seed + 1).permutation(len(emb.train_ids)) % folds
+        parts, order = [], []
+        for f in range(folds):
+            held = np.flatnonzero(fold_of == f)
+            fit_idx = np.flatnonzero(fold_of != f) if folds > 1 else np.arange(len(emb.train_ids))
+            R = learned_rotation(args.rotation, X, emb.Qtr[fit_idx], [pos[i] for i in fit_idx], args.epochs, args.seed)
+            parts.append(Split((X @ R.T).astype(np.float32), (emb.Qtr[held] @ R.T).astype(np.float32), emb.Qtr[held], X,
+                               [emb.judg_tr[i] for i in held], emb.doc_ids, grid))
+            order.append(held)
+        train = concat(parts, np.concatenate(order))
+        print(f"training data ready ({time.time() - t0:.0f} s)", file=sys.stderr)
+        R = learned_rotation(args.rotation, X, emb.Qtr, pos, args.epochs, args.seed)
+        test = Split((X @ R.T).astype(np.float32), (Qt @ R.T).astype(np.float32), Qt, X, emb.judg_t, emb.doc_ids, grid)
+        dm = sp.design(test.feats, grid, N, full_work)
+        pred_agree = fit(train.feats, train.agreement, grid, N, full_work, args.seed).predict(dm).reshape(-1, len(grid))
+        pred_ndcg = fit(train.feats, train.ndcg, grid, N, full_work, args.seed).predict(dm).reshape(-1, len(grid))
+        n_train = f"{len(emb.train_ids)} train queries" + (f", cross-fitted {folds}-fold" if folds > 1 else "")
+        folds_note = "policy fitted on the train split, scored on the test split"
     print(f"policy fitted ({time.time() - t0:.0f} s)", file=sys.stderr)
 
+    nte, unseen = test.ndcg, emb.unseen
+    rows = np.arange(len(Qt))
     static_q = nte.mean(0)
-    front = pareto_idx(work, static_q)
-    rows = np.arange(len(test_ids))
-    lambdas = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0]
-    curve, oracle = [], []
-    for lam in lambdas:
-        pick = choose(pred, work, full_work, lam)
-        per_q = nte[rows, pick]
-        w = work[pick] + EVIDENCE_WORK  # the first block's scan is part of every m1 >= 16
-        pt = {"lambda": lam, "work": float(w.mean()), "work_ratio_to_full": float(w.mean() / full_work),
-              "ndcg@10": float(per_q.mean()), "ndcg@10_unseen": float(per_q[unseen].mean()) if unseen.any() else None}
-        # the static frontier point of least work with at least this NDCG (within 0.5 %), and the best
-        # static point of no more work: paired bootstrap CIs over queries
-        ok = [i for i in front if static_q[i] >= 0.995 * pt["ndcg@10"]]
-        if ok:
-            s = min(ok, key=lambda i: work[i])
-            pt["static_equal_quality"] = {"config": CONFIGS[s], "work": float(work[s]), "ndcg@10": float(static_q[s]),
-                                          "work_saved": float(1 - pt["work"] / work[s])}
-        cheaper = [i for i in range(len(CONFIGS)) if work[i] <= pt["work"]]
-        if cheaper:
-            s = max(cheaper, key=lambda i: static_q[i])
-            diff = per_q - nte[:, s]
-            pt["static_equal_work"] = {"config": CONFIGS[s], "work": float(work[s]), "ndcg@10": float(static_q[s]),
-                                       "ndcg_added": float(diff.mean()), "ci95": bootstrap_ci(diff)}
-        curve.append(pt)
+    front = pareto_indices(work, static_q)
+    ev = sp.evidence_work()
+    threshold_pts, tradeoff_pts, oracle = [], [], []
+    for tau in TAUS:
+        pick = sp.choose_threshold(pred_agree, work, tau)
+        pt = compare(nte[rows, pick], work[pick] + ev, nte, work, front, unseen, full_work, grid)
+        pt["tau"] = tau
+        pt["picks"] = np.bincount(pick, minlength=len(grid)).tolist()
+        pt["mean_agreement"] = float(test.agreement[rows, pick].mean())
+        threshold_pts.append(pt)
+    for lam in LAMBDAS:
+        pick = sp.choose_tradeoff(pred_ndcg, work, full_work, lam)
+        pt = compare(nte[rows, pick], work[pick] + ev, nte, work, front, unseen, full_work, grid)
+        pt["lambda"] = lam
+        pt["picks"] = np.bincount(pick, minlength=len(grid)).tolist()
+        tradeoff_pts.append(pt)
         opick = np.argmax(nte - lam * work[None, :] / full_work, axis=1)
-        ow = work[opick]
-        oracle.append({"lambda": lam, "work_ratio_to_full": float(ow.mean() / full_work),
-                       "ndcg@10": float(nte[rows, opick].mean())})
+        oracle.append({"lambda": lam, "work_ratio_to_full": float(work[opick].mean() / full_work),
+                       "ndcg@10": float(nte[rows, opick].mean()),
+                       "ndcg@10_unseen": float(nte[rows, opick][unseen].mean()) if unseen is not None else None})
+
+    def static_row(i):
+        return {"config": vars(grid[i]), "work_ratio_to_full": float(work[i] / full_work), "ndcg@10": float(static_q[i]),
+                "ndcg@10_unseen": float(nte[unseen, i].mean()) if unseen is not None else None,
+                "agreement": float(test.agreement[:, i].mean())}
+
+    cmd = f"python bench/adaptive.py --dataset {args.dataset} --rotation {args.rotation}" + \
+          (f" --folds {args.folds}" if args.folds else "")
     result = {
-        "command": f"python bench/adaptive.py --dataset {args.dataset} --rotation {args.rotation}",
-        "collection": name, "rotation": args.rotation, "documents": N, "test_queries": len(test_ids),
-        "unseen_queries": int(unseen.sum()), "train_queries": len(train_ids), "crossfit_folds": folds,
-        "configs": CONFIGS, "static": [{"config": c, "work_ratio_to_full": float(w / full_work),
-                                        "ndcg@10": float(q)} for c, w, q in zip(CONFIGS, work, static_q)],
-        "static_frontier": [int(i) for i in front], "adaptive": curve, "oracle": oracle,
+        "command": cmd, "collection": emb.name, "rotation": args.rotation, "documents": N,
+        "test_queries": len(Qt), "unseen_queries": int(unseen.sum()) if unseen is not None else None,
+        "protocol": folds_note, "policy_training": n_train,
+        "cost_model": "multiply-adds per query = N*m1 (flat stage-1 scan) + C*(r - m1) (rescoring reuses stage-1 "
+                      f"sums) + {ev} (evidence) for the adaptive policy",
+        "full_width": {"ndcg@10": float(test.full_ndcg.mean()), "work": full_work},
+        "grid": [vars(c) for c in grid], "static": [static_row(i) for i in range(len(grid))], "static_frontier": [static_row(i) for i in front],
+        "threshold_policy": threshold_pts, "tradeoff_policy": tradeoff_pts, "oracle": oracle,
         "seconds": round(time.time() - t0, 1),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"adaptive_{name}_{args.rotation}"
+    stem = f"{emb.name}_{args.rotation}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    md = [f"# Adaptive funnel vs the static frontier: {name}, rotation `{args.rotation}`", "",
-          f"{len(test_ids)} test queries ({int(unseen.sum())} unseen), policy fitted on {len(train_ids)} training "
-          f"queries ({'cross-fitted ' + str(folds) + '-fold' if folds > 1 else 'no learned rotation'}). Work = "
-          "multiply-adds per query (flat stage-1 scan + rescoring + evidence), as a ratio to exhaustive full width.",
-          "", f"Command: `{result['command']}`", "",
-          "| λ | work × full | NDCG@10 | NDCG@10 unseen | static at equal quality: work × full (saved) | "
-          "static at equal work: NDCG@10 | NDCG@10 added [95 % CI] | oracle work × full | oracle NDCG@10 |",
-          "|---|---|---|---|---|---|---|---|---|"]
-    for pt, orc in zip(curve, oracle):
-        eq = pt.get("static_equal_quality")
-        ew = pt.get("static_equal_work")
-        md.append(f"| {pt['lambda']:g} | {pt['work_ratio_to_full']:.3f} | {pt['ndcg@10']:.4f} | "
-                  f"{pt['ndcg@10_unseen']:.4f} | "
-                  + (f"{eq['work'] / full_work:.3f} ({eq['work_saved']:+.1%})" if eq else "–") + " | "
-                  + (f"{ew['ndcg@10']:.4f} | {ew['ndcg_added']:+.4f} [{ew['ci95'][0]:+.4f}, {ew['ci95'][1]:+.4f}]"
-                     if ew else "– | –")
-                  + f" | {orc['work_ratio_to_full']:.3f} | {orc['ndcg@10']:.4f} |")
-    (args.out / f"{stem}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    md = render(result)
+    (args.out / f"{stem}.md").write_text(md, encoding="utf-8")
+    plot(result, args.out / f"{stem}.png")
+    print(md)
+    return 0
+
+
+def _cmp_cells(pt: dict) -> str:
+    eq, ew = pt.get("static_equal_quality"), pt.get("static_equal_work")
+    a = (f"{eq['work_ratio_to_full']:.3f} ({eq['work_saved']:+.1%}); ΔNDCG {eq['ndcg_diff']:+.4f} "
+         f"[{eq['ci95'][0]:+.4f}, {eq['ci95'][1]:+.4f}]" if eq else "none within 0.5 %")
+    b = (f"{ew['ndcg@10']:.4f} | {ew['ndcg_added']:+.4f} [{ew['ci95'][0]:+.4f}, {ew['ci95'][1]:+.4f}]"
+         if ew else "– | –")
+    return f"{a} | {b}"
+
+
+def render(r: dict) -> str:
+    unseen = r["unseen_queries"]
+    md = [f"# Adaptive funnel vs the static frontier: {r['collection']}, rotation `{r['rotation']}`", "",
+          f"{r['documents']:,} documents, {r['test_queries']} judged test queries"
+          + (f" ({unseen} unseen)" if unseen else "") + f". Protocol: {r['protocol']} ({r['policy_training']}).",
+          f"Cost model: {r['cost_model']}. Work is given as a ratio to exhaustive full width "
+          f"({r['full_width']['work']:,.0f} multiply-adds, NDCG@10 {r['full_width']['ndcg@10']:.4f}).", "",
+          f"Command: `{r['command']}`", "", "## Static Pareto frontier (same queries)", "",
+          "| m1 | C | r | work × full | NDCG@10 | NDCG@10 unseen | top-10 agreement with full width |",
+          "|---|---|---|---|---|---|---|"]
+    for s in r["static_frontier"]:
+        c = s["config"]
+        md.append(f"| {c['m1']} | {c['shortlist']} | {c['rescore_width']} | {s['work_ratio_to_full']:.4f} | "
+                  f"{s['ndcg@10']:.4f} | " + (f"{s['ndcg@10_unseen']:.4f}" if s['ndcg@10_unseen'] is not None else "–")
+                  + f" | {s['agreement']:.3f} |")
+    head = ("| work × full | NDCG@10 | NDCG@10 unseen | static at equal NDCG (±0.5 %): work × full (work saved); ΔNDCG@10 [95 % CI] | "
+            "best static at ≤ work: NDCG@10 | NDCG@10 added [95 % CI] |")
+    for title, key, pts in (("Threshold policy (label-free agreement target), τ sweep", "tau", r["threshold_policy"]),
+                            ("Trade-off policy (NDCG@10 target), λ sweep", "lambda", r["tradeoff_policy"])):
+        md += ["", f"## {title}", "", f"| {key} " + head, "|---" * 7 + "|"]
+        for pt in pts:
+            u = f"{pt['ndcg@10_unseen']:.4f}" if pt["ndcg@10_unseen"] is not None else "–"
+            md.append(f"| {pt[key]:g} | {pt['work_ratio_to_full']:.4f} | {pt['ndcg@10']:.4f} | {u} | {_cmp_cells(pt)} |")
+    md += ["", "## Oracle (true NDCG@10 − λ · work), the headroom of any policy on this grid", "",
+           "| λ | work × full | NDCG@10 | NDCG@10 unseen |", "|---|---|---|---|"]
+    for o in r["oracle"]:
+        u = f"{o['ndcg@10_unseen']:.4f}" if o["ndcg@10_unseen"] is not None else "–"
+        md.append(f"| {o['lambda']:g} | {o['work_ratio_to_full']:.4f} | {o['ndcg@10']:.4f} | {u} |")
+    return "\n".join(md) + "\n"
+
+
+def plot(r: dict, path: Path) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.scatter(work / full_work, static_q, s=8, alpha=0.4, label="static configurations")
-        ax.plot(work[front] / full_work, static_q[front], lw=1, label="static frontier")
-        ax.plot([c["work_ratio_to_full"] for c in curve], [c["ndcg@10"] for c in curve], "o-", label="adaptive (λ sweep)")
-        ax.plot([c["work_ratio_to_full"] for c in oracle], [c["ndcg@10"] for c in oracle], "x--", label="oracle")
-        ax.set_xscale("log")
-        ax.set_xlabel("multiply-adds per query / exhaustive full width")
-        ax.set_ylabel("NDCG@10")
-        ax.set_title(f"{name}, rotation {args.rotation}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.out / f"{stem}.png", dpi=110)
     except ImportError:
-        pass
-    print("\n".join(md))
-    return 0
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    st = r["static"]
+    ax.scatter([s["work_ratio_to_full"] for s in st], [s["ndcg@10"] for s in st], s=8, alpha=0.4, label="static configurations")
+    fr = r["static_frontier"]
+    ax.plot([s["work_ratio_to_full"] for s in fr], [s["ndcg@10"] for s in fr], lw=1, label="static frontier")
+    for key, label, style in (("threshold_policy", "adaptive, agreement τ", "o-"), ("tradeoff_policy", "adaptive, NDCG λ", "s-"),
+                              ("oracle", "oracle", "x--")):
+        ax.plot([p["work_ratio_to_full"] for p in r[key]], [p["ndcg@10"] for p in r[key]], style, ms=4, label=label)
+    ax.axhline(r["full_width"]["ndcg@10"], color="k", ls=":", lw=0.8, label="full width (exhaustive)")
+    ax.set_xscale("log")
+    ax.set_xlabel("multiply-adds per query / exhaustive full width")
+    ax.set_ylabel("NDCG@10")
+    ax.set_title(f"{r['collection']}, rotation {r['rotation']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

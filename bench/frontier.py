@@ -13,7 +13,7 @@ Usage::
     .venv/bin/python bench/frontier.py --dataset data/scifact                     # train → test
     .venv/bin/python bench/frontier.py --dataset ../shared/data/cranfield --folds 5  # 5-fold CV over queries
 
-Writes ``bench/results/frontier_<collection>.{json,md,png}``.
+Writes ``bench/results/frontier/frontier_<collection>.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adawidth.beir import available_splits, load_collection, load_qrels  # noqa: E402
 from adawidth.funnel import exact_stage1_batch, resolve  # noqa: E402
 from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
 from adawidth.prefix import exact_prefix_search, prefix_normalize  # noqa: E402
 from adawidth.rotation import pca_rotation  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from funnels import learned_rotation, load_embedded, pareto_indices  # noqa: E402
 
 STAGE1_WIDTHS = (16, 32, 48, 64)
 SHORTLISTS = (100, 200, 500, 1000)
@@ -41,14 +43,8 @@ RESCORE_WIDTHS = (128, 256, 384)
 
 
 def pareto(points: list[dict], x: str = "work", y: str = "ndcg@10") -> list[dict]:
-    """Points not dominated by another (less or equal work and higher or equal quality, one strictly)."""
-    pts = sorted(points, key=lambda p: (p[x], -p[y]))
-    front, best = [], -np.inf
-    for p in pts:
-        if p[y] > best:
-            front.append(p)
-            best = p[y]
-    return front
+    """Points not dominated by another (no more work and at least the quality), by work."""
+    return [points[i] for i in pareto_indices([p[x] for p in points], [p[y] for p in points])]
 
 
 def sweep(X_rot: np.ndarray, Q_rot: np.ndarray, judgments: list[dict], doc_ids: list[str],
@@ -90,34 +86,14 @@ def main(argv=None) -> int:
     p.add_argument("--rotations", nargs="+", default=["identity", "pca", "adapter", "adapter_on_pca"])
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--home", type=Path, default=ROOT / "var")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "frontier")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    from service.encoder import OnnxEncoder
-    from trainer.adapter import AdapterConfig, train_adapter
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-    from trainer.export_onnx import export_encoder
-
-    name = args.collection or args.dataset.name
-    encoder = OnnxEncoder(export_encoder(args.home / "models" / "minilm-onnx"))
-    col = load_collection(args.dataset, "test")
-    doc_ids = [d.doc_id for d in col.corpus]
-    row_of = {d: i for i, d in enumerate(doc_ids)}
-    cache = EmbeddingCache(args.home / "cache" / "embeddings.sqlite", encoder.dimension)
-    X, _ = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache, desc=f"{name} corpus")
-    test_ids = sorted(col.judged_queries())
-    train_qrels = load_qrels(args.dataset, "train") if ("train" in available_splits(args.dataset) and not args.folds) else {}
-    train_ids = sorted(q for q, j in train_qrels.items() if q in col.queries and any(v > 0 for v in j.values()))
-    E, _ = encode_with_cache(encoder, [col.queries[q] for q in test_ids + train_ids], cache, desc=f"{name} queries")
-    cache.close()
-    Qt, Qtr = E[: len(test_ids)], E[len(test_ids):]
-    judg_t = [col.qrels[q] for q in test_ids]
-    cited = {d for j in train_qrels.values() for d, g in j.items() if g > 0}
-    unseen = np.array([not any(d in cited for d, g in j.items() if g > 0) for j in judg_t]) if train_qrels else None
-
-    def positives(judgments):
-        return [np.array([row_of[d] for d, g in j.items() if g > 0 and d in row_of]) for j in judgments]
+    emb = load_embedded(args.dataset, args.home, args.collection, use_train=not args.folds)
+    name, X, doc_ids = emb.name, emb.X, emb.doc_ids
+    test_ids, Qt, Qtr, judg_t, unseen = emb.test_ids, emb.Qt, emb.Qtr, emb.judg_t, emb.unseen
+    positives = emb.positives
 
     R_pca = pca_rotation(X)
     # splits: (indices of evaluation queries, training embeddings, training positives)
@@ -126,24 +102,14 @@ def main(argv=None) -> int:
         splits = [(np.flatnonzero(fold_of == f), Qt[fold_of != f], positives([judg_t[i] for i in np.flatnonzero(fold_of != f)]))
                   for f in range(args.folds)]
     else:
-        splits = [(np.arange(len(test_ids)), Qtr, positives([train_qrels[q] for q in train_ids]))]
+        splits = [(np.arange(len(test_ids)), Qtr, positives(emb.judg_tr))]
     results = {}
     t0 = time.time()
     for rot in args.rotations:
         per_query = None
         points = None
         for eval_idx, Qfit, pos in splits:
-            if rot == "identity":
-                R = np.eye(X.shape[1])
-            elif rot == "pca":
-                R = R_pca
-            else:
-                if len(Qfit) == 0:
-                    raise SystemExit(f"{rot} needs training queries")
-                base = R_pca if rot == "adapter_on_pca" else np.eye(X.shape[1])
-                R_l, _ = train_adapter(Qfit @ base.T, X @ base.T, pos, AdapterConfig(epochs=args.epochs, seed=args.seed),
-                                       progress=False)
-                R = R_l @ base
+            R = learned_rotation(rot, X, Qfit, pos, args.epochs, args.seed, R_pca=R_pca)
             pts = sweep((X @ R.T).astype(np.float32), (Qt[eval_idx] @ R.T).astype(np.float32),
                         [judg_t[i] for i in eval_idx], doc_ids, None)
             if points is None:

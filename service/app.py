@@ -62,7 +62,8 @@ class SearchRequest(BaseModel):
         "auto", description="'auto' (router decides per query), 'full' (exact search at full width), "
                             "or a prefix width in coordinates, 1..D.")
     rho: StrictFloat | StrictInt | None = Field(
-        None, description="Target escalation fraction for width 'auto', in [0, 1] (default: the index's).")
+        None, description="Target escalation fraction of the width router for width 'auto', in [0, 1] (default: the "
+                          "index's). Giving rho selects the width router even on a version with a funnel policy.")
     mode: Literal["dense", "lexical", "hybrid"] = Field(
         "dense", description="Lane: 'dense' (adaptive width), 'lexical' (BM25) or 'hybrid' (union of both, fused).")
     filter: FilterValues | None = Field(
@@ -81,13 +82,22 @@ class Hit(BaseModel):
 class Trace(BaseModel):
     width: int = Field(description="Prefix width the shortlist was scored at, in coordinates.")
     escalated: bool = Field(description="True when the router chose the high width of its action pair.")
-    router_score: float | None = Field(description="Predicted NDCG@10 gain of escalating (width 'auto' only).")
+    router_score: float | None = Field(description="Width 'auto' only: the router's predicted NDCG@10 gain of "
+                                                   "escalating (policy 'router'), or the chosen configuration's "
+                                                   "predicted top-10 agreement with full width (policy 'funnel').")
     index_version: str
     mode: str = Field("dense", description="Lane that answered: dense, lexical or hybrid.")
     fusion: str | None = Field(None, description="Fusion used by mode 'hybrid' (rrf or convex).")
     allowed_documents: int | None = Field(None, description="Documents passing filter, access policy and quoted "
                                                             "phrases (null when nothing restricted the search).")
     coordinates_scored: int = Field(description="Multiply-adds of stage 1 plus rescoring for this query.")
+    stage1_work: int = Field(0, description="Stage-1 share of coordinates_scored: documents visited × stage-1 width.")
+    rescoring_work: int = Field(0, description="Rescoring share of coordinates_scored: candidates × coordinates added.")
+    policy: Literal["funnel", "router", "fixed", "full"] = Field(
+        "fixed", description="How the query was resolved: 'funnel' (per-query stage-1 width, shortlist and rescoring "
+                             "width), 'router' (width router over the action pair), 'fixed' or 'full'.")
+    stage1_width: int | None = Field(None, description="Coordinates stage 1 scanned the corpus at.")
+    shortlist: int | None = Field(None, description="Candidates kept by stage 1 and rescored.")
     timings_seconds: dict[str, float]
 
 
@@ -479,6 +489,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if got.mode != "lexical":
             m.width.labels(policy).observe(out.width)
         m.coordinates.observe(out.coordinates_scored)
+        m.work_by_stage.labels("stage1").observe(out.stage1_work)
+        m.work_by_stage.labels("rescoring").observe(out.rescoring_work)
         if req.width == "auto" and got.mode != "lexical":
             m.routed.inc()
             if out.escalated:
@@ -488,6 +500,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                 "trace": {"width": out.width, "escalated": out.escalated, "router_score": out.router_score,
                           "index_version": version.version, "coordinates_scored": out.coordinates_scored,
                           "mode": got.mode, "fusion": got.fusion, "allowed_documents": got.allowed_documents,
+                          "stage1_work": out.stage1_work, "rescoring_work": out.rescoring_work,
+                          "policy": out.policy, "stage1_width": out.stage1_width, "shortlist": out.shortlist,
                           "timings_seconds": timings}}
 
     app.include_router(build_admin_router(state))

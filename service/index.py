@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth import artifact
+from adawidth import artifact, stage1_policy
+from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize, top_k
 from adawidth.router import threshold_for_rate
@@ -44,6 +45,21 @@ class Router:
 
 
 @dataclass
+class FunnelPolicy:
+    """The per-query funnel policy of a version (``adawidth.stage1_policy``) and its blocked corpus."""
+
+    booster: object
+    grid: list
+    tau: float
+    corpus: BlockedCorpus
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        with self.lock:
+            return self.booster.predict(rows)
+
+
+@dataclass
 class SearchOutcome:
     """Rows, scores and trace fields of one served query."""
 
@@ -54,6 +70,11 @@ class SearchOutcome:
     router_score: float | None
     coordinates_scored: int
     timings_seconds: dict[str, float]
+    stage1_work: int = 0
+    rescoring_work: int = 0
+    policy: str = "fixed"
+    stage1_width: int | None = None
+    shortlist: int | None = None
     rows: list[int] = field(default_factory=list)
 
 
@@ -61,7 +82,8 @@ class IndexVersion:
     """One immutable, loaded version (see :mod:`adawidth.artifact` for the files)."""
 
     def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
-                 doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict, lexical=None):
+                 doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
+                 funnel_policy: FunnelPolicy | None = None, lexical=None):
         self.path, self.manifest = path, manifest
         self.version: str = manifest["version"]
         self.collection: str = manifest["collection"]
@@ -71,6 +93,7 @@ class IndexVersion:
         self.doc_ids = doc_ids
         self.stage1_index = stage1_index
         self.routers: dict[tuple[int, int], Router] = routers
+        self.funnel_policy = funnel_policy
         self.m0: int = manifest["m0"]
         self.shortlist: int = manifest["shortlist"]
         self.dimension: int = manifest["dimension"]
@@ -108,16 +131,24 @@ class IndexVersion:
             if booster.feature_name() != manifest["router"]["feature_names"]:
                 raise artifact.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
             routers[pair] = Router(pair, booster, np.asarray(meta["calibration_predictions"], dtype=np.float64))
+        policy = None
+        meta = manifest.get("stage1_policy")
+        if meta:
+            booster = lgb.Booster(model_file=str(path / meta["file"]))
+            if booster.feature_name() != list(meta["feature_names"]) or meta["block"] != stage1_policy.BLOCK:
+                raise artifact.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
+            policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
+                                  BlockedCorpus(np.asarray(docs), meta["block"]))
         rotation = np.load(path / "rotation.npy")
         if (manifest.get("cars") or {}).get("query_map_file"):
             # CARS (docs/METHOD.md): documents were stored through the doc map; queries go through the
             # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
-            # query path (stage 1, rescoring, full width, online CUS) unchanged.
+            # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
             rotation = (rotation.astype(np.float64) @ np.load(path / manifest["cars"]["query_map_file"])).astype(np.float32)
         from service.lexical import LexicalIndex
 
         return cls(path, manifest, rotation, docs, np.load(path / "doc_sqnorm_m0.npy"), doc_ids,
-                   faiss.read_index(str(path / "stage1.faiss")), routers, LexicalIndex.load(path, manifest))
+                   faiss.read_index(str(path / "stage1.faiss")), routers, policy, LexicalIndex.load(path, manifest))
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""
@@ -158,7 +189,18 @@ class IndexVersion:
                 k = min(k, int(allowed.sum()))
             rows = top_k(scores, k)
             t["stage1"] = time.perf_counter() - s
-            res = Resolution(rows, scores[rows], self.dimension, False, None, self.size * self.dimension)
+            res = Resolution(rows, scores[rows], self.dimension, False, None, self.size * self.dimension,
+                             stage1_work=self.size * self.dimension)
+            extra = {"policy": "full", "stage1_width": self.dimension, "shortlist": self.size}
+        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None and allowed is None:
+            # (with an allowed set, 'auto' uses the width router below: the blocked scan takes no selector yet)
+            fp = self.funnel_policy
+            q = self.rotate(embedding, self.dimension)
+            t["rotate"] = time.perf_counter() - t0
+            s = time.perf_counter()
+            res, cfg = stage1_policy.resolve_adaptive(fp.corpus, q, fp.predict, fp.grid, fp.tau, k, self.theta)
+            t["stage1"] = time.perf_counter() - s  # evidence, choice, scan and rescoring are interleaved here
+            extra = {"policy": "funnel", "stage1_width": cfg.m1, "shortlist": min(max(cfg.shortlist, k), self.size)}
         else:
             if width == "auto":
                 pair = pair or self.default_pair
@@ -192,9 +234,11 @@ class IndexVersion:
             else:
                 res = resolve(q, self.docs, self.doc_sqnorm_m0, rows, cos, m0=self.m0, k=k, width=int(width))
             t["route_and_rescore"] = time.perf_counter() - s
+            extra = {"policy": "router" if router is not None else "fixed", "stage1_width": self.m0, "shortlist": len(rows)}
         return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
                              res.escalated, res.router_score, res.coordinates_scored, t,
-                             [int(r) for r in res.rows])
+                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work,
+                             rows=[int(r) for r in res.rows], **extra)
 
     def _search_allowed(self, qp: np.ndarray, size: int, allowed: np.ndarray):
         """Stage 1 restricted to the allowed rows (faiss ``IDSelectorBitmap``; bit i of byte i >> 3)."""

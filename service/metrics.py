@@ -32,6 +32,10 @@ class GatewayMetrics:
                                ["policy"], buckets=WIDTH_BUCKETS, registry=registry)
         self.coordinates = Histogram("adawidth_search_work_multiply_adds", "Multiply-adds a query cost (stage 1 + rescoring).",
                                      buckets=tuple(10.0 ** e for e in range(4, 11)), registry=registry)
+        self.work_by_stage = Histogram("adawidth_search_stage_work_multiply_adds",
+                                       "Multiply-adds a query cost per stage (stage1: documents visited x width; "
+                                       "rescoring: candidates x coordinates added).", ["stage"],
+                                       buckets=tuple(10.0 ** e for e in range(3, 11)), registry=registry)
         self.escalations = Counter("adawidth_escalations_total", "Queries the router escalated to the high width.",
                                    registry=registry)
         self.routed = Counter("adawidth_routed_queries_total", "Queries served with width 'auto'.", registry=registry)

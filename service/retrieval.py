@@ -14,6 +14,7 @@ into the serving set"):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -140,7 +141,7 @@ def retrieve(version: IndexVersion, query: str, k: int, width, embed: Callable[[
         rows, scores = _lexical_list(version, parsed.text, allowed, k)
         t = {"lexical": time.perf_counter() - t0}
         out = SearchOutcome([version.doc_ids[r] for r in rows], [float(scores[r]) for r in rows], 0, False, None, 0,
-                            t, [int(r) for r in rows])
+                            t, rows=[int(r) for r in rows])
         return RetrievalOutcome(out, "lexical", None, n_allowed, {"lexical": len(rows)}), None
     emb = embed(parsed.text)
     if opts.mode == "dense":
@@ -161,8 +162,8 @@ def retrieve(version: IndexVersion, query: str, k: int, width, embed: Callable[[
         rows, fused = hybrid.convex_fuse(union, dense_sc, lex_sc, opts.alpha)
     rows, fused = rows[:k], fused[:k]
     timings = dict(dense.timings_seconds, lexical_and_fusion=time.perf_counter() - s)
-    out = SearchOutcome([version.doc_ids[r] for r in rows], [float(x) for x in fused], dense.width, dense.escalated,
-                        dense.router_score, dense.coordinates_scored, timings, [int(r) for r in rows])
+    out = dataclasses.replace(dense, ids=[version.doc_ids[r] for r in rows], scores=[float(x) for x in fused],
+                              timings_seconds=timings, rows=[int(r) for r in rows])
     lanes = {"dense": len(d_rows), "lexical": len(lex_rows),
              "overlap": len(set(d_rows.tolist()) & set(lex_rows.tolist()))}
     return RetrievalOutcome(out, "hybrid", opts.fusion, n_allowed, lanes), emb

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth import artifact
+from adawidth import artifact, stage1_policy
 from adawidth.beir import Collection, load_collection, load_qrels, available_splits
 from adawidth.prefix import prefix_normalize
 from adawidth.rotation import orthogonality_error, pca_rotation
@@ -65,6 +65,8 @@ class BuildOptions:
     capacity_options: dict = field(default_factory=dict)  # overrides of adawidth.capacity.CapacityOptions
     lexical: bool = True                   # BM25 index, document texts and keyword fields (issue 6)
     cars: dict | None = None               # CARS Shared/Dual adapter selection (trainer.cars.CarsConfig overrides)
+    stage1_policy: bool = False            # also fit the per-query funnel policy (adawidth.stage1_policy)
+    stage1_policy_tau: float = 0.95        # its agreement bar: cheapest configuration predicted to keep >= τ of the top-10
 
 
 class _Timer:
@@ -250,7 +252,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     if train is not None and train.ids:
         crossfit = opts.rotation.startswith("adapter") and opts.router_crossfit_folds >= 2
         with timer("router training data" + (f" ({opts.router_crossfit_folds}-fold cross-fitted adapters)" if crossfit else "")):
-            s1_scores, gains_by_pair = _router_training_data(
+            s1_scores, gains_by_pair, parts = _router_training_data(
                 opts, train, X, doc_ids, R, rotations, positives if crossfit else None, rng_seed)
         for pair in opts.action_pairs:
             with timer(f"router {pair}"):
@@ -268,10 +270,23 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
                 "share_gain_negative": float(np.mean(gains < 0)),
             }
 
+    policy = None
+    if opts.stage1_policy:
+        if train is None or not train.ids:
+            raise ValueError("the stage-1 policy needs training queries (a train split)")
+        from trainer.stage1_policy_fit import fit_stage1_policy, policy_training_data
+
+        grid = stage1_policy.default_grid()
+        with timer("stage-1 policy"):
+            feats, agree = policy_training_data(X, train.emb, parts, grid)
+            policy = fit_stage1_policy(feats, agree, grid, X.shape[0], D, seed=rng_seed)
+
     evaluation = None
     if test is not None and test.ids:
         with timer("evaluation"):
             evaluation = _evaluate(opts, rotations, X, doc_ids, test, train_qrels, funnel, R, routers)
+            if policy is not None:
+                evaluation["stage1_policy"] = _evaluate_policy(opts, policy, X_rot, R, doc_ids, test, train_qrels)
 
     capacity = None
     if opts.capacity and test is not None and test.ids:
@@ -301,6 +316,8 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
             lex_writers, lexical_meta = lexical_writers([d.encoder_text() for d in col.corpus],
                                                         [d.fields for d in col.corpus])
         writers.update(lex_writers)
+    if policy is not None:
+        writers["stage1_policy.txt"] = lambda p: policy.booster.save_model(str(p))
     if capacity is not None:
         from trainer.capacity_report import file_writers
 
@@ -324,6 +341,12 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         "corpus": {"fingerprint": fingerprint, "documents": len(doc_ids), "dataset": str(opts.dataset),
                    "dataset_fingerprint": ds_fingerprint,
                    "encoded_now": n_encoded, "train_split": train_split, "eval_split": eval_split},
+        "stage1_policy": None if policy is None else {
+            "file": "stage1_policy.txt", "block": stage1_policy.BLOCK, "tau": opts.stage1_policy_tau,
+            "grid": [vars(c) for c in policy.grid], "feature_names": list(stage1_policy.EVIDENCE_NAMES + stage1_policy.CONFIG_NAMES),
+            "model": "lightgbm regression of the top-10 agreement with exhaustive full-width search",
+            "train_queries": policy.train_queries,
+            "mean_agreement_by_config": [float(v) for v in policy.mean_agreement]},
         "evaluation": evaluation,
         "lexical": lexical_meta,
         "cars": cars_meta,
@@ -386,7 +409,7 @@ def _evaluate(opts: BuildOptions, rotations: dict, X: np.ndarray, doc_ids: list[
 
 def _router_training_data(opts: BuildOptions, train: QuerySet, X: np.ndarray, doc_ids: list[str], R: np.ndarray,
                           rotations: dict, positives: list[np.ndarray] | None, seed: int):
-    """Stage-1 scores (n, C) and gains g(q) per action pair for the router's training queries.
+    """Stage-1 scores (n, C), gains g(q) per action pair, and the (query indices, rotation) parts.
 
     With ``positives`` (a learned adapter), the data are **cross-fitted**: the
     training queries are split into ``router_crossfit_folds`` folds and each
@@ -423,4 +446,26 @@ def _router_training_data(opts: BuildOptions, train: QuerySet, X: np.ndarray, do
         for pair in opts.action_pairs:
             gains[pair][idx] = escalation_gains(q_rot, funnel.docs, funnel.doc_sqnorm_m0, rows, sc,
                                                 [train.judgments[i] for i in idx], doc_ids, m0=opts.m0, pair=pair)
-    return scores, gains
+    return scores, gains, parts
+
+
+def _evaluate_policy(opts: BuildOptions, policy, X_rot: np.ndarray, R: np.ndarray, doc_ids: list[str],
+                     test: QuerySet, train_qrels: dict) -> dict:
+    """NDCG@10 and mean work of the served funnel policy on the evaluation queries (all and unseen)."""
+    from adawidth.blocked import BlockedCorpus
+    from adawidth.metrics import ndcg_at_k
+
+    bc = BlockedCorpus(X_rot, stage1_policy.BLOCK)
+    cited = {d for j in train_qrels.values() for d, g in j.items() if g > 0}
+    nd, work, unseen = [], [], []
+    for q, judg in zip(test.emb, test.judgments):
+        res, _ = stage1_policy.resolve_adaptive(bc, (R @ q).astype(np.float32), policy.booster.predict, policy.grid,
+                                               opts.stage1_policy_tau, 10)
+        nd.append(ndcg_at_k([doc_ids[r] for r in res.rows], judg, 10))
+        work.append(res.coordinates_scored)
+        unseen.append(not any(d in cited for d, g in judg.items() if g > 0))
+    nd, unseen = np.array(nd), np.array(unseen)
+    full = X_rot.shape[0] * X_rot.shape[1]
+    return {"tau": opts.stage1_policy_tau, "ndcg@10": float(nd.mean()),
+            "ndcg@10_unseen": float(nd[unseen].mean()) if unseen.any() else None,
+            "mean_work": float(np.mean(work)), "work_ratio_to_full": float(np.mean(work) / full)}

@@ -84,13 +84,18 @@ def main(argv: list[str] | None = None) -> int:
                             # "rebuild and publish on new data" means for an unattended trainer
                             promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
-                            cars={"rank": args.cars_rank} if args.cars else None)
+                            cars={"rank": args.cars_rank} if args.cars else None,
+                            stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
             path, manifest = build_index(opts, settings, encoder)
         except DatasetFormatError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:  # inconsistent options, e.g. a learned rotation without training qrels
+            hint = " (use --rotation pca for a collection without a train split)" if "needs training" in str(e) else ""
+            print(f"error: {e}{hint}", file=sys.stderr)
             return 2
         print(json.dumps({"version": manifest["version"], "path": str(path), "registered": not args.no_publish}))
         return 0
@@ -141,6 +146,11 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--cars", action="store_true",
                    help="fit Shared and Dual low-rank adapters, select one by CARS, serve it (docs/METHOD.md)")
     b.add_argument("--cars-rank", type=int, default=16, help="rank r of the CARS adapters")
+    b.add_argument("--stage1-policy", action="store_true",
+                   help="also fit the per-query funnel policy (stage-1 width, shortlist, rescoring width); "
+                        "width 'auto' then uses it (bench/results/adaptive/)")
+    b.add_argument("--stage1-policy-tau", type=float, default=0.95,
+                   help="the policy's bar: cheapest configuration predicted to keep this share of the full-width top-10")
 
 
 if __name__ == "__main__":

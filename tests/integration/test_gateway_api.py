@@ -23,6 +23,10 @@ def test_search_returns_ranked_results_and_trace(app_client):
     t = data["trace"]
     assert t["width"] in (64, 128) and isinstance(t["escalated"], bool) and isinstance(t["router_score"], float)
     assert t["index_version"] and t["coordinates_scored"] >= 5183 * 64
+    # the work splits into a flat stage-1 scan and the shortlist's rescoring
+    assert t["stage1_work"] == 5183 * 64
+    assert t["rescoring_work"] == 500 * (t["width"] - 64)
+    assert t["coordinates_scored"] == t["stage1_work"] + t["rescoring_work"]
     assert {"encode", "rotate", "stage1", "route_and_rescore", "total"} <= set(t["timings_seconds"])
 
 

@@ -60,6 +60,7 @@ def test_resolve_at_full_width_over_all_docs_equals_exact_search():
     res = resolve(q, X, np.einsum("ij,ij->i", X[:, :m0], X[:, :m0]), rows, sc, m0=m0, k=10, width=D)
     assert res.rows.tolist() == exact_prefix_search(q[None], X, D, 10)[0].tolist()
     assert res.coordinates_scored == X.shape[0] * m0 + X.shape[0] * (D - m0)
+    assert (res.stage1_work, res.rescoring_work) == (X.shape[0] * m0, X.shape[0] * (D - m0))
     narrow = resolve(q, X, np.einsum("ij,ij->i", X[:, :m0], X[:, :m0]), rows, sc, m0=m0, k=10, width=4)
     assert narrow.rows.tolist() == exact_prefix_search(q[None], X, 4, 10)[0].tolist()
 

@@ -1,0 +1,127 @@
+"""The per-query funnel policy end to end on SciFact: trained by the trainer, served as width "auto".
+
+The version uses the PCA rotation (label-free, so no adapter training) and the policy's label-free
+agreement target; its build evaluates the served policy on the 300 SciFact test queries.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import SCIFACT, VAR
+
+FULL_WIDTH_NDCG = 0.6451  # the frozen encoder, exhaustive (README, bench/results/scifact_demo.md)
+QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer risk",
+           "vitamin D deficiency and bone fractures", "microRNA regulation of cell differentiation"]
+
+
+@pytest.fixture(scope="module")
+def funnel_home(tmp_path_factory, encoder_dir, encoder):
+    import os
+
+    from trainer.build import BuildOptions, build_index
+    from trainer.config import TrainerSettings
+
+    home = tmp_path_factory.mktemp("funnel-home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    build_index(BuildOptions(dataset=SCIFACT, rotation="pca", action_pairs=((64, 128),), default_pair=(64, 128),
+                             capacity=False, stage1_policy=True), settings, encoder)
+    (home / "models").mkdir(exist_ok=True)
+    os.symlink(encoder_dir, home / "models" / "minilm-onnx")
+    return home
+
+
+@pytest.fixture(scope="module")
+def funnel_manifest(funnel_home):
+    from adawidth import artifact
+
+    coll = funnel_home / "indexes" / "scifact"
+    return json.loads((coll / artifact.read_live_pointer(coll) / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def client(funnel_home):
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from service.app import create_app
+    from service.config import GatewaySettings
+
+    app = create_app(GatewaySettings(home=funnel_home, collection="scifact", redis_url=None), CollectorRegistry())
+    with TestClient(app) as c:
+        yield c
+
+
+def test_the_build_records_the_policy_and_its_quality_on_unseen_test_queries(funnel_manifest):
+    meta = funnel_manifest["stage1_policy"]
+    assert meta["tau"] == 0.95 and len(meta["grid"]) == 48 and meta["train_queries"] == 809
+    ev = funnel_manifest["evaluation"]["stage1_policy"]
+    # within 1 % of exhaustive full-width NDCG@10 on the test split, at a fraction of its work
+    # (bench/results/adaptive/scifact_pca.md: 0.644 at 0.119 of the full-width multiply-adds)
+    assert ev["ndcg@10"] >= 0.99 * FULL_WIDTH_NDCG
+    assert ev["work_ratio_to_full"] <= 0.15
+    # and at less work than the static funnel at m0 = 64, C = 500, rescored at 384 (0.247 of full)
+    assert ev["mean_work"] < 5183 * 64 + 500 * (384 - 64)
+
+
+def test_auto_is_served_by_the_funnel_policy_and_the_trace_counts_its_work(client, funnel_home, encoder):
+    from adawidth import stage1_policy as sp
+    from service.index import IndexVersion, resolve_version_path
+
+    version = IndexVersion.load(resolve_version_path(funnel_home / "indexes", "scifact", None))
+    fp = version.funnel_policy
+    grid = {(c.m1, c.shortlist, c.rescore_width) for c in sp.default_grid()}
+    seen = set()
+    for text in QUERIES:
+        r = client.post("/v1/search", json={"query": text, "k": 10, "width": "auto"})
+        assert r.status_code == 200
+        t = r.json()["trace"]
+        assert t["policy"] == "funnel"
+        assert (t["stage1_width"], t["shortlist"], t["width"]) in grid
+        assert t["stage1_work"] == 5183 * t["stage1_width"] + sp.evidence_work()
+        assert t["rescoring_work"] == t["shortlist"] * (t["width"] - t["stage1_width"])
+        assert t["coordinates_scored"] == t["stage1_work"] + t["rescoring_work"]
+        seen.add(t["stage1_width"])
+        # the served ranking is the offline policy's ranking of the same query
+        emb = encoder.encode([text])[0]
+        res, cfg = sp.resolve_adaptive(fp.corpus, version.rotate(emb, version.dimension), fp.predict, fp.grid, fp.tau, 10)
+        assert [h["id"] for h in r.json()["results"]] == [version.doc_ids[i] for i in res.rows]
+        assert (cfg.m1, cfg.rescore_width) == (t["stage1_width"], t["width"])
+
+
+def test_rho_selects_the_width_router_and_fixed_widths_are_unchanged(client):
+    t = client.post("/v1/search", json={"query": QUERIES[0], "width": "auto", "rho": 1.0}).json()["trace"]
+    assert (t["policy"], t["width"], t["escalated"], t["stage1_width"]) == ("router", 128, True, 64)
+    t = client.post("/v1/search", json={"query": QUERIES[0], "width": 96}).json()["trace"]
+    assert (t["policy"], t["width"], t["stage1_width"], t["shortlist"]) == ("fixed", 96, 64, 500)
+    t = client.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()["trace"]
+    assert (t["policy"], t["stage1_work"], t["rescoring_work"]) == ("full", 5183 * 384, 0)
+
+
+def test_work_per_stage_is_a_prometheus_histogram(client):
+    client.post("/v1/search", json={"query": QUERIES[1], "width": "auto"})
+    text = client.get("/metrics").text
+    for stage in ("stage1", "rescoring"):
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'adawidth_search_stage_work_multiply_adds_count{{stage="{stage}"}}'))
+        assert float(line.split()[-1]) >= 1
+
+
+def test_a_version_whose_policy_features_differ_is_refused(funnel_home, tmp_path):
+    import shutil
+
+    from adawidth import artifact
+    from service.index import IndexVersion, resolve_version_path
+
+    src = resolve_version_path(funnel_home / "indexes", "scifact", None)
+    bad = tmp_path / src.name
+    shutil.copytree(src, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["stage1_policy"]["feature_names"] = list(reversed(m["stage1_policy"]["feature_names"]))
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(artifact.IndexVersionError) as e:
+        IndexVersion.load(bad)
+    assert e.value.code == "schema"  # not a checksum failure: the manifest itself is not hashed
