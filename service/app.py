@@ -429,7 +429,9 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
     @app.post("/v1/search", response_model=SearchResponse,
               dependencies=[Depends(require_search_key)] if search_key else [],
-              responses=error_responses(400, *([401] if search_key else []), 413, 415, 422, 429, 503),
+              responses=error_responses(400, *([401] if search_key or settings.access_policy == "api_key" else []),
+                                        *([403] if settings.access_policy == "header" else []),
+                                        409, 413, 415, 422, 429, 503),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": search_request_schema(settings)}}}})
     async def search(request: Request):
