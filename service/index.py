@@ -75,6 +75,7 @@ class SearchOutcome:
     policy: str = "fixed"
     stage1_width: int | None = None
     shortlist: int | None = None
+    rows: list[int] = field(default_factory=list)
 
 
 class IndexVersion:
@@ -82,7 +83,7 @@ class IndexVersion:
 
     def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
                  doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
-                 funnel_policy: FunnelPolicy | None = None):
+                 funnel_policy: FunnelPolicy | None = None, lexical=None):
         self.path, self.manifest = path, manifest
         self.version: str = manifest["version"]
         self.collection: str = manifest["collection"]
@@ -100,6 +101,7 @@ class IndexVersion:
         r = manifest.get("router") or {}
         self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
         self.default_rho: float = r.get("default_rho", 0.2)
+        self.lexical = lexical  # service.lexical.LexicalIndex, None for versions built without it
 
     @property
     def size(self) -> int:
@@ -137,16 +139,23 @@ class IndexVersion:
                 raise artifact.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
             policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
                                   BlockedCorpus(np.asarray(docs), meta["block"]))
-        return cls(path, manifest, np.load(path / "rotation.npy"), docs,
-                   np.load(path / "doc_sqnorm_m0.npy"), doc_ids, faiss.read_index(str(path / "stage1.faiss")), routers,
-                   policy)
+        rotation = np.load(path / "rotation.npy")
+        if (manifest.get("cars") or {}).get("query_map_file"):
+            # CARS (docs/METHOD.md): documents were stored through the doc map; queries go through the
+            # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
+            # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
+            rotation = (rotation.astype(np.float64) @ np.load(path / manifest["cars"]["query_map_file"])).astype(np.float32)
+        from service.lexical import LexicalIndex
+
+        return cls(path, manifest, rotation, docs, np.load(path / "doc_sqnorm_m0.npy"), doc_ids,
+                   faiss.read_index(str(path / "stage1.faiss")), routers, policy, LexicalIndex.load(path, manifest))
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""
         return (self.rotation[:width] @ embedding).astype(np.float32)
 
     def search(self, embedding: np.ndarray, k: int, width: int | str, *, rho: float | None = None,
-               pair: tuple[int, int] | None = None) -> SearchOutcome:
+               pair: tuple[int, int] | None = None, allowed: np.ndarray | None = None) -> SearchOutcome:
         """Serve one encoded query.
 
         Args:
@@ -157,9 +166,13 @@ class IndexVersion:
                 (stage 1 at m0, shortlist rescored at that width).
             rho: target escalation fraction for "auto" (default: the version's).
             pair: action pair for "auto" (default: the version's).
+            allowed: (N,) bool of the documents that may be returned (filters, access policy, phrase
+                constraints), or None for all.  Applied *before* the top-k: stage 1 searches only the
+                allowed documents (a faiss ID selector), so k results come back whenever at least k
+                documents are allowed.
 
         Returns:
-            :class:`SearchOutcome` with ids best first (at most min(k, N)).
+            :class:`SearchOutcome` with ids best first (at most min(k, N, allowed documents)).
 
         Raises:
             ValueError: for a width outside [1, D], or "auto" on a version without a router.
@@ -171,12 +184,16 @@ class IndexVersion:
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
             scores = np.asarray(self.docs @ q, dtype=np.float64)
+            if allowed is not None:
+                scores[~allowed] = -np.inf
+                k = min(k, int(allowed.sum()))
             rows = top_k(scores, k)
             t["stage1"] = time.perf_counter() - s
             res = Resolution(rows, scores[rows], self.dimension, False, None, self.size * self.dimension,
                              stage1_work=self.size * self.dimension)
             extra = {"policy": "full", "stage1_width": self.dimension, "shortlist": self.size}
-        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None:
+        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None and allowed is None:
+            # (with an allowed set, 'auto' uses the width router below: the blocked scan takes no selector yet)
             fp = self.funnel_policy
             q = self.rotate(embedding, self.dimension)
             t["rotate"] = time.perf_counter() - t0
@@ -198,9 +215,14 @@ class IndexVersion:
             q = self.rotate(embedding, max(needed, self.m0))
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
-            size = min(max(self.shortlist, k), self.size)
+            size = min(max(self.shortlist, k), self.size if allowed is None else int(allowed.sum()))
             qp = prefix_normalize(q[None, :], self.m0)
-            cos, rows = self.stage1_index.search(qp, size)
+            if allowed is None:
+                cos, rows = self.stage1_index.search(qp, size)
+            elif size == 0:
+                cos, rows = np.empty((1, 0), np.float32), np.empty((1, 0), np.int64)
+            else:
+                cos, rows = self._search_allowed(qp, size, allowed)
             keep = rows[0] >= 0
             rows, cos = rows[0][keep].astype(np.int64), cos[0][keep]
             t["stage1"] = time.perf_counter() - s
@@ -215,7 +237,35 @@ class IndexVersion:
             extra = {"policy": "router" if router is not None else "fixed", "stage1_width": self.m0, "shortlist": len(rows)}
         return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
                              res.escalated, res.router_score, res.coordinates_scored, t,
-                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work, **extra)
+                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work,
+                             rows=[int(r) for r in res.rows], **extra)
+
+    def _search_allowed(self, qp: np.ndarray, size: int, allowed: np.ndarray):
+        """Stage 1 restricted to the allowed rows (faiss ``IDSelectorBitmap``; bit i of byte i >> 3)."""
+        import faiss
+
+        bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
+        sel = faiss.IDSelectorBitmap(self.size, faiss.swig_ptr(bits))
+        return self.stage1_index.search(qp, size, params=faiss.SearchParameters(sel=sel))
+
+    def dense_scores(self, embedding: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
+        """Dense scores of given rows at ``width``, as the served path scores them.
+
+        Args:
+            embedding: unit-norm query embedding, (D,).
+            rows: (n,) int index rows.
+            width: coordinates; D gives the full-width inner product (``width: "full"``), a smaller
+                width the prefix cosine (the rescoring score of :func:`adawidth.funnel.resolve`).
+
+        Returns:
+            (n,) float64, higher is better.
+        """
+        q = self.rotate(embedding, width).astype(np.float64)
+        d = np.asarray(self.docs[np.asarray(rows, dtype=np.int64), :width], dtype=np.float64)
+        if width >= self.dimension:
+            return d @ q
+        norms = np.linalg.norm(d, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
+        return (d @ q) / np.maximum(norms, 1e-12)
 
 
 def resolve_version_path(index_root: Path, collection: str, version: str | None) -> Path:
