@@ -53,8 +53,11 @@ class BlockedCorpus:
         self.block, self.N, self.D = block, N, D
         self.matrix = X_rot  # (N, D) row-major copy, for rescoring reads of candidate rows
         self.blocks = [np.ascontiguousarray(X_rot[:, s:s + block]) for s in range(0, D, block)]
-        sq = np.stack([np.einsum("ij,ij->i", b, b) for b in self.blocks], axis=1)
-        self.cum_sqnorm = np.concatenate([np.zeros((N, 1), np.float32), np.cumsum(sq, axis=1)], axis=1)
+        sq = np.stack([np.einsum("ij,ij->i", b, b) for b in self.blocks], axis=0)
+        # (n_blocks + 1, N): row j holds every document's squared norm over the first j blocks, and its
+        # inverse square root; rows are contiguous so a scan reads one row, never a strided column.
+        self.cum_sqnorm = np.concatenate([np.zeros((1, N), np.float32), np.cumsum(sq, axis=0, dtype=np.float32)])
+        self.inv_norm = (1.0 / np.sqrt(np.maximum(self.cum_sqnorm, EPS * EPS))).astype(np.float32)
 
     def start(self) -> ScanState:
         """The empty scan (width 0)."""
@@ -76,29 +79,28 @@ class BlockedCorpus:
         """
         if width % self.block or not state.width <= width <= self.D:
             raise ValueError(f"width {width} must be a multiple of {self.block} in [{state.width}, {self.D}]")
-        dots = state.dots.copy()
-        qs = state.query_sqnorm
+        dots, qs = state.dots, state.query_sqnorm
         for b in range(state.width // self.block, width // self.block):
             qb = np.asarray(query[b * self.block:(b + 1) * self.block], dtype=np.float32)
-            dots += self.blocks[b] @ qb
+            dots = dots + self.blocks[b] @ qb  # a new array: ``state`` stays unchanged
             qs += float(qb @ qb)
         return ScanState(width, dots, qs, state.work + self.N * (width - state.width))
 
     def cosines(self, state: ScanState) -> np.ndarray:
         """Prefix cosines of every document at ``state.width``; (N,) float32."""
-        dn = self.cum_sqnorm[:, state.width // self.block]
-        return state.dots / np.sqrt(np.maximum(dn * state.query_sqnorm, EPS * EPS))
+        return state.dots * self.inv_norm[state.width // self.block] / np.float32(max(np.sqrt(state.query_sqnorm), EPS))
 
     def shortlist(self, state: ScanState, size: int) -> tuple[np.ndarray, np.ndarray]:
         """Top ``size`` documents by prefix cosine at the state's width: (rows (C,), cosines (C,)), best first."""
-        cos = self.cosines(state)
-        rows = top_k(cos, size)
-        return rows, cos[rows]
+        # rank on dots / ||d[:w]||: the query's norm is one positive factor, so it cannot change the order
+        rank = state.dots * self.inv_norm[state.width // self.block]
+        rows = top_k(rank, size)
+        return rows, rank[rows] / np.float32(max(np.sqrt(state.query_sqnorm), EPS))
 
     def partial_scores(self, state: ScanState, rows: np.ndarray) -> PartialScores:
         """The candidates' partial sums, ready for :meth:`adawidth.prefix.PartialScores.extend`."""
         return PartialScores(np.asarray(rows, np.int64), state.dots[rows].astype(np.float64),
-                             self.cum_sqnorm[rows, state.width // self.block].astype(np.float64),
+                             self.cum_sqnorm[state.width // self.block, rows].astype(np.float64),
                              state.query_sqnorm, state.width)
 
     def full_matrix(self) -> np.ndarray:

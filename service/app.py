@@ -31,10 +31,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from service.retrieval import FilterValues, RetrievalOptions, retrieve
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.admin import build_admin_router
+from service.access import principal_of
 from service.auth import require_search_key
 from service.config import GatewaySettings
 from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
@@ -62,6 +65,14 @@ class SearchRequest(BaseModel):
     rho: StrictFloat | StrictInt | None = Field(
         None, description="Target escalation fraction of the width router for width 'auto', in [0, 1] (default: the "
                           "index's). Giving rho selects the width router even on a version with a funnel policy.")
+    mode: Literal["dense", "lexical", "hybrid"] = Field(
+        "dense", description="Lane: 'dense' (adaptive width), 'lexical' (BM25) or 'hybrid' (union of both, fused).")
+    filter: FilterValues | None = Field(
+        None, description="Keyword filter applied before the top-k: field -> value or list of values (any of).")
+    fusion: Literal["rrf", "convex"] | None = Field(
+        None, description="Fusion of mode 'hybrid': 'rrf' (k = 60) or 'convex' (default: the gateway's).")
+    alpha: StrictFloat | StrictInt | None = Field(
+        None, description="Dense weight of the convex fusion, in [0, 1] (default: the gateway's).")
 
 
 class Hit(BaseModel):
@@ -76,6 +87,10 @@ class Trace(BaseModel):
                                                    "escalating (policy 'router'), or the chosen configuration's "
                                                    "predicted top-10 agreement with full width (policy 'funnel').")
     index_version: str
+    mode: str = Field("dense", description="Lane that answered: dense, lexical or hybrid.")
+    fusion: str | None = Field(None, description="Fusion used by mode 'hybrid' (rrf or convex).")
+    allowed_documents: int | None = Field(None, description="Documents passing filter, access policy and quoted "
+                                                            "phrases (null when nothing restricted the search).")
     coordinates_scored: int = Field(description="Multiply-adds of stage 1 plus rescoring for this query.")
     stage1_work: int = Field(0, description="Stage-1 share of coordinates_scored: documents visited × stage-1 width.")
     rescoring_work: int = Field(0, description="Rescoring share of coordinates_scored: candidates × coordinates added.")
@@ -205,6 +220,9 @@ def _validation_error(err: ValidationError) -> ApiError:
         return ApiError("unknown_field", f"unknown field {shown}", loc)
     if kind == "missing":
         return ApiError("missing_field", f"field {shown} is required", loc)
+    for prefix, code in (("mode", "unknown_mode"), ("fusion", "unknown_fusion"), ("filter", "invalid_filter")):
+        if loc and loc.startswith(prefix):
+            return ApiError(code, f"field {shown}: {first.get('msg', 'invalid value')}", prefix)
     if loc and loc.startswith("width"):
         return ApiError("unknown_width", "width must be 'auto', 'full' or an integer number of coordinates", "width")
     return ApiError("invalid_type", f"field {shown}: {first.get('msg', 'invalid value')}", loc)
@@ -306,6 +324,8 @@ def parse_search_request(raw: bytes, settings: GatewaySettings) -> SearchRequest
         raise ApiError("width_out_of_range", "width must be between 1 and the encoder width", "width")
     if req.rho is not None and not 0.0 <= float(req.rho) <= 1.0:
         raise ApiError("rho_out_of_range", "rho must be in [0, 1]", "rho")
+    if req.alpha is not None and not 0.0 <= float(req.alpha) <= 1.0:
+        raise ApiError("alpha_out_of_range", "alpha must be in [0, 1]", "alpha")
     return req.model_copy(update={"k": k})
 
 
@@ -316,8 +336,9 @@ def search_request_schema(settings: GatewaySettings) -> dict:
     props["query"].update(minLength=1, maxLength=settings.max_query_chars)
     props["k"]["anyOf"][0].update(minimum=1, maximum=settings.k_max)
     props["width"]["anyOf"][1].update(minimum=1)
-    for part in props["rho"]["anyOf"][:2]:
-        part.update(minimum=0, maximum=1)
+    for name in ("rho", "alpha"):
+        for part in props[name]["anyOf"][:2]:
+            part.update(minimum=0, maximum=1)
     return schema
 
 
@@ -410,7 +431,9 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
     @app.post("/v1/search", response_model=SearchResponse,
               dependencies=[Depends(require_search_key)] if search_key else [],
-              responses=error_responses(400, *([401] if search_key else []), 413, 415, 422, 429, 503),
+              responses=error_responses(400, *([401] if search_key or settings.access_policy == "api_key" else []),
+                                        *([403] if settings.access_policy == "header" else []),
+                                        409, 413, 415, 422, 429, 503),
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": search_request_schema(settings)}}}})
     async def search(request: Request):
@@ -420,48 +443,64 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if ctype not in ("application/json", ""):
             raise ApiError("unsupported_media_type", "send the body as application/json")
         req = parse_search_request(await read_body(request, settings.max_body_bytes), settings)
+        principal = principal_of(request, settings)
         with state.versions.acquire() as version:  # the one reference this request holds to its end
-            return await _serve(req, version, deadline)
+            return await _serve(req, version, deadline, principal)
 
-    async def _serve(req: SearchRequest, version: IndexVersion | None, deadline: float):
+    async def _serve(req: SearchRequest, version: IndexVersion | None, deadline: float, principal=None):
         encoder = state.encoder
         if version is None or encoder is None:
             raise ApiError("not_ready", "no index version is loaded")
         if isinstance(req.width, int) and req.width > version.dimension:
             raise ApiError("width_out_of_range", f"width must be between 1 and {version.dimension}", "width")
-        if req.width == "auto":
+        if req.width == "auto" and req.mode != "lexical":
             pair = settings.action_pair or version.default_pair
             if pair is None or tuple(pair) not in version.routers:
                 raise ApiError("unknown_width", "this index version has no router; use 'full' or an integer", "width")
         rho = settings.default_rho if req.rho is None else float(req.rho)
 
+        opts = RetrievalOptions(mode=req.mode, filter=req.filter, fusion=req.fusion or settings.hybrid_fusion,
+                                alpha=settings.hybrid_alpha if req.alpha is None else float(req.alpha),
+                                depth=settings.hybrid_depth, principal=principal,
+                                tenant_field=settings.tenant_field, acl_field=settings.acl_field)
+
         def run(deadline: float):
             t0 = time.perf_counter()
-            emb = encoder.encode([req.query])[0]
-            t_enc = time.perf_counter() - t0
-            check_deadline(deadline)
-            out = version.search(emb, req.k, req.width, rho=rho,
-                                 pair=tuple(settings.action_pair) if settings.action_pair else None)
-            state.online_cus.offer(version, emb, out.ids, req.width)  # O(1); compared off the request path
-            timings = {"encode": t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
-            return out, timings
+            t_enc = {}
+
+            def embed(text: str):
+                s = time.perf_counter()
+                emb = encoder.encode([text])[0]
+                t_enc["encode"] = time.perf_counter() - s
+                check_deadline(deadline)
+                return emb
+
+            got, emb = retrieve(version, req.query, req.k, req.width, embed, opts, rho=rho,
+                                pair=tuple(settings.action_pair) if settings.action_pair else None)
+            out = got.outcome
+            if emb is not None and got.mode == "dense" and got.allowed_documents is None:
+                state.online_cus.offer(version, emb, out.ids, req.width)  # O(1); compared off the request path
+            timings = {**t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
+            return got, timings
 
         try:
-            out, timings = await state.limiter.run(run, deadline)
+            got, timings = await state.limiter.run(run, deadline)
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
                            headers={"Retry-After": str(settings.retry_after_s)}) from e
+        out = got.outcome
         m = state.metrics
         for stage in STAGES:
             if stage in timings:
                 m.stage_latency.labels(stage).observe(timings[stage])
         policy = req.width if isinstance(req.width, str) else "fixed"
-        m.width.labels(policy).observe(out.width)
+        if got.mode != "lexical":
+            m.width.labels(policy).observe(out.width)
         m.coordinates.observe(out.coordinates_scored)
         m.work_by_stage.labels("stage1").observe(out.stage1_work)
         m.work_by_stage.labels("rescoring").observe(out.rescoring_work)
-        if req.width == "auto":
+        if req.width == "auto" and got.mode != "lexical":
             m.routed.inc()
             if out.escalated:
                 m.escalations.inc()
@@ -469,6 +508,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         return {"results": [{"id": i, "score": s} for i, s in zip(out.ids, out.scores)],
                 "trace": {"width": out.width, "escalated": out.escalated, "router_score": out.router_score,
                           "index_version": version.version, "coordinates_scored": out.coordinates_scored,
+                          "mode": got.mode, "fusion": got.fusion, "allowed_documents": got.allowed_documents,
                           "stage1_work": out.stage1_work, "rescoring_work": out.rescoring_work,
                           "policy": out.policy, "stage1_width": out.stage1_width, "shortlist": out.shortlist,
                           "timings_seconds": timings}}

@@ -123,11 +123,42 @@ class GatewaySettings(BaseSettings):
     search_api_key: SecretStr | None = Field(
         None, description="Bearer key required by POST /v1/search when set; unset: search is open.")
 
+    # lexical / hybrid lanes and access control (issue 6; docs/API.md)
+    hybrid_fusion: Literal["rrf", "convex"] = Field(
+        "rrf", description="Fusion of mode 'hybrid' when a request gives none: reciprocal rank fusion (k = 60) or "
+                           "a min-max normalised convex combination.")
+    hybrid_alpha: float = Field(0.5, ge=0.0, le=1.0, description="Weight of the dense lane in the convex fusion "
+                                                                 "when a request gives none.")
+    hybrid_depth: int = Field(100, ge=1, le=10_000, description="Candidates taken from each lane of mode 'hybrid' "
+                                                                "(at least k), in documents.")
+    access_policy: Literal["none", "header", "api_key"] = Field(
+        "none", description="Tenant/ACL enforcement: 'none'; 'header' (tenant and groups from trusted headers set by "
+                            "a proxy); 'api_key' (the search key's principal in `principals`).")
+    tenant_header: str = Field("X-Tenant", description="Header naming the tenant under access_policy 'header'.")
+    groups_header: str = Field("X-Groups", description="Header with comma-separated ACL groups under access_policy "
+                                                       "'header'.")
+    principals: dict[str, dict] = Field(
+        {}, description="access_policy 'api_key': sha256 hex digest of an API key -> {\"tenant\": str, "
+                        "\"groups\": [str]} (digests, so the configuration holds no key).")
+    tenant_field: str = Field("tenant", description="Corpus field holding a document's tenant.")
+    acl_field: str = Field("acl", description="Corpus field holding a document's ACL groups.")
+
     # privacy
     query_log_sample_rate: float = Field(
         0.0, ge=0.0, le=1.0, description="Fraction of successful queries whose text is logged (0 = never).")
     query_log_max_chars: int = Field(
         64, ge=1, le=1024, description="Characters of a sampled query that are logged, in characters.")
+
+    @model_validator(mode="after")
+    def _access_policy_consistent(self) -> "GatewaySettings":
+        if self.access_policy == "api_key" and self.search_api_key is not None:
+            raise ValueError("access_policy 'api_key' takes its keys from `principals`; unset search_api_key")
+        for digest, p in self.principals.items():
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("principals are keyed by the lower-case sha256 hex digest of an API key")
+            if not isinstance(p.get("tenant"), str) or not p["tenant"]:
+                raise ValueError("each principal needs a non-empty string 'tenant'")
+        return self
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> "GatewaySettings":

@@ -48,6 +48,14 @@ STATUS_OF_CODE: dict[str, int] = {
     "version_refused": 409,
     "gate_refused": 409,
     "registry_unavailable": 503,
+    # lexical / hybrid lanes, filters, access control (issue 6)
+    "unknown_mode": 422,
+    "unknown_fusion": 422,
+    "alpha_out_of_range": 422,
+    "invalid_filter": 422,
+    "unknown_filter_field": 422,
+    "lexical_unavailable": 409,
+    "tenant_required": 403,
     # stage 1 on an external engine (issue 10)
     "stage1_unavailable": 503,
 }

@@ -24,7 +24,7 @@ from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
 from adawidth.router import threshold_for_rate
-from service.stage1 import FaissStage1
+from service.stage1 import FaissStage1, Shortlist
 
 
 @dataclass
@@ -79,6 +79,7 @@ class SearchOutcome:
     policy: str = "fixed"
     stage1_width: int | None = None
     shortlist: int | None = None
+    rows: list[int] = field(default_factory=list)
 
 
 class IndexVersion:
@@ -86,7 +87,7 @@ class IndexVersion:
 
     def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
                  doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
-                 funnel_policy: FunnelPolicy | None = None, stage1=None):
+                 funnel_policy: FunnelPolicy | None = None, lexical=None, stage1=None):
         self.path, self.manifest = path, manifest
         self.version: str = manifest["version"]
         self.collection: str = manifest["collection"]
@@ -105,6 +106,7 @@ class IndexVersion:
         r = manifest.get("router") or {}
         self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
         self.default_rho: float = r.get("default_rho", 0.2)
+        self.lexical = lexical  # service.lexical.LexicalIndex, None for versions built without it
 
     @property
     def size(self) -> int:
@@ -151,10 +153,19 @@ class IndexVersion:
                 raise artifact.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
             policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
                                   BlockedCorpus(np.asarray(docs), meta["block"]))
+        rotation = np.load(path / "rotation.npy")
+        if (manifest.get("cars") or {}).get("query_map_file"):
+            # CARS (docs/METHOD.md): documents were stored through the doc map; queries go through the
+            # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
+            # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
+            rotation = (rotation.astype(np.float64) @ np.load(path / manifest["cars"]["query_map_file"])).astype(np.float32)
+        from service.lexical import LexicalIndex
+
+        lexical = LexicalIndex.load(path, manifest)
         if in_process:
-            return cls(path, manifest, np.load(path / "rotation.npy"), docs, sqnorm, doc_ids,
-                       faiss.read_index(str(path / "stage1.faiss")), routers, policy)
-        return cls(path, manifest, np.load(path / "rotation.npy"), docs, sqnorm, doc_ids, None, routers,
+            return cls(path, manifest, rotation, docs, sqnorm, doc_ids, faiss.read_index(str(path / "stage1.faiss")),
+                       routers, policy, lexical)
+        return cls(path, manifest, rotation, docs, sqnorm, doc_ids, None, routers, None, lexical,
                    stage1=stage1.attach(path, manifest, docs, sqnorm))
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
@@ -162,7 +173,7 @@ class IndexVersion:
         return (self.rotation[:width] @ embedding).astype(np.float32)
 
     def search(self, embedding: np.ndarray, k: int, width: int | str, *, rho: float | None = None,
-               pair: tuple[int, int] | None = None) -> SearchOutcome:
+               pair: tuple[int, int] | None = None, allowed: np.ndarray | None = None) -> SearchOutcome:
         """Serve one encoded query.
 
         Args:
@@ -173,9 +184,13 @@ class IndexVersion:
                 (stage 1 at m0, shortlist rescored at that width).
             rho: target escalation fraction for "auto" (default: the version's).
             pair: action pair for "auto" (default: the version's).
+            allowed: (N,) bool of the documents that may be returned (filters, access policy, phrase
+                constraints), or None for all.  Applied *before* the top-k: stage 1 searches only the
+                allowed documents (a faiss ID selector), so k results come back whenever at least k
+                documents are allowed.
 
         Returns:
-            :class:`SearchOutcome` with ids best first (at most min(k, N)).
+            :class:`SearchOutcome` with ids best first (at most min(k, N, allowed documents)).
 
         Raises:
             ValueError: for a width outside [1, D], or "auto" on a version without a router.
@@ -186,12 +201,13 @@ class IndexVersion:
             q = self.rotate(embedding, self.dimension)
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
-            rows, top = self.stage1.full(q, k)
+            rows, top = self.stage1.full(q, k, allowed)
             t["stage1"] = time.perf_counter() - s
             res = Resolution(rows, top, self.dimension, False, None, self.size * self.dimension,
                              stage1_work=self.size * self.dimension)
             extra = {"policy": "full", "stage1_width": self.dimension, "shortlist": self.size}
-        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None:
+        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None and allowed is None:
+            # (with an allowed set, 'auto' uses the width router below: the blocked scan takes no selector yet)
             fp = self.funnel_policy
             q = self.rotate(embedding, self.dimension)
             t["rotate"] = time.perf_counter() - t0
@@ -213,8 +229,12 @@ class IndexVersion:
             q = self.rotate(embedding, max(needed, self.m0))
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
-            size = min(max(self.shortlist, k), self.size)
-            sl = self.stage1.shortlist(prefix_normalize(q[None, :], self.m0)[0], size)
+            size = min(max(self.shortlist, k), self.size if allowed is None else int(allowed.sum()))
+            qp = prefix_normalize(q[None, :], self.m0)[0]
+            if size == 0:
+                sl = Shortlist(np.empty(0, np.int64), np.empty(0, np.float32), self.docs, self.doc_sqnorm_m0)
+            else:
+                sl = self.stage1.shortlist(qp, size, allowed)
             t["stage1"] = time.perf_counter() - s
             s = time.perf_counter()
             work = self.size * self.m0  # a flat scan, wherever it runs
@@ -231,7 +251,27 @@ class IndexVersion:
                      "shortlist": len(sl.rows)}
         return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
                              res.escalated, res.router_score, res.coordinates_scored, t,
-                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work, **extra)
+                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work,
+                             rows=[int(r) for r in res.rows], **extra)
+
+    def dense_scores(self, embedding: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
+        """Dense scores of given rows at ``width``, as the served path scores them.
+
+        Args:
+            embedding: unit-norm query embedding, (D,).
+            rows: (n,) int index rows.
+            width: coordinates; D gives the full-width inner product (``width: "full"``), a smaller
+                width the prefix cosine (the rescoring score of :func:`adawidth.funnel.resolve`).
+
+        Returns:
+            (n,) float64, higher is better.
+        """
+        q = self.rotate(embedding, width).astype(np.float64)
+        d = np.asarray(self.docs[np.asarray(rows, dtype=np.int64), :width], dtype=np.float64)
+        if width >= self.dimension:
+            return d @ q
+        norms = np.linalg.norm(d, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
+        return (d @ q) / np.maximum(norms, 1e-12)
 
 
 def resolve_version_path(index_root: Path, collection: str, version: str | None) -> Path:

@@ -83,11 +83,13 @@ class Stage1Backend(Protocol):
     kind: str
     rescore_width: int
 
-    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
-        """Top ``size`` documents by inner product with the normalised m0-prefix ``query_prefix`` ((m0,) float32)."""
+    def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """Top ``size`` documents by inner product with the normalised m0-prefix ``query_prefix`` ((m0,) float32),
+        among the rows where ``allowed`` ((N,) bool, None = all) is true."""
 
-    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top ``k`` at full width D: ``query`` (D,) float32 rotated -> (rows (k',) int64, scores (k',) float64)."""
+    def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top ``k`` at full width D among ``allowed``: ``query`` (D,) float32 rotated -> (rows (k',) int64,
+        scores (k',) float64)."""
 
     def close(self) -> None:
         """Release what the backend holds (connections); the version's files stay."""
@@ -108,13 +110,24 @@ class FaissStage1:
         self.index, self.docs, self.doc_sqnorm_m0 = index, docs, doc_sqnorm_m0
         self.rescore_width = int(docs.shape[1])
 
-    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
-        cos, rows = self.index.search(np.asarray(query_prefix, np.float32)[None, :], int(size))
+    def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        qp = np.asarray(query_prefix, np.float32)[None, :]
+        if allowed is None:
+            cos, rows = self.index.search(qp, int(size))
+        else:  # faiss IDSelectorBitmap: bit i of byte i >> 3
+            import faiss
+
+            bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
+            sel = faiss.IDSelectorBitmap(int(self.docs.shape[0]), faiss.swig_ptr(bits))
+            cos, rows = self.index.search(qp, int(size), params=faiss.SearchParameters(sel=sel))
         keep = rows[0] >= 0
         return Shortlist(rows[0][keep].astype(np.int64), cos[0][keep], self.docs, self.doc_sqnorm_m0)
 
-    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         scores = np.asarray(self.docs @ query, dtype=np.float64)
+        if allowed is not None:
+            scores[~allowed] = -np.inf
+            k = min(k, int(allowed.sum()))
         rows = top_k(scores, k)
         return rows, scores[rows]
 
@@ -220,7 +233,15 @@ class MilvusStage1:
                                                f"{manifest['corpus']['documents']} documents")
         return cls(client, name, manifest["m0"], meta["rescore_width"], rows, timeout_s)
 
-    def _search(self, vector: np.ndarray, field: str, limit: int, output_fields: list[str]):
+    @staticmethod
+    def _filter(allowed: np.ndarray | None) -> str:
+        """Milvus boolean expression keeping the allowed rows ('' for all).  The row list travels with each
+        request, so large allowed sets belong in a scalar field of the collection instead (not built yet)."""
+        if allowed is None:
+            return ""
+        return f"{ROW_FIELD} in {np.flatnonzero(allowed).tolist()}"
+
+    def _search(self, vector: np.ndarray, field: str, limit: int, output_fields: list[str], expr: str = ""):
         """One Milvus search; after a failure the collection is (re)loaded once -- a restarted Milvus may have
         forgotten it was loaded -- and the search retried.
 
@@ -228,7 +249,7 @@ class MilvusStage1:
             Stage1Unavailable: ``unreachable`` when Milvus still does not answer.
         """
         kw = dict(anns_field=field, limit=int(limit), output_fields=output_fields, search_params={"metric_type": "IP"},
-                  timeout=self.timeout_s)
+                  timeout=self.timeout_s, filter=expr)
         data = [np.asarray(vector, np.float32).tolist()]
         try:
             return self.client.search(self.name, data, **kw)
@@ -240,8 +261,9 @@ class MilvusStage1:
                 raise Stage1Unavailable("unreachable", f"Milvus search on {self.name} failed: "
                                                        f"{type(e).__name__}: {str(e)[:200]}") from e
 
-    def shortlist(self, query_prefix: np.ndarray, size: int) -> Shortlist:
-        hits = self._search(query_prefix, STAGE1_FIELD, min(size, self.size), [RESCORE_FIELD, SQNORM_FIELD])[0]
+    def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        hits = self._search(query_prefix, STAGE1_FIELD, min(size, self.size), [RESCORE_FIELD, SQNORM_FIELD],
+                            self._filter(allowed))[0]
         C = len(hits)
         rows = np.empty(C, np.int64)
         cos = np.empty(C, np.float32)
@@ -255,7 +277,7 @@ class MilvusStage1:
         order = np.lexsort((rows, -cos))
         return Shortlist(np.arange(C, dtype=np.int64), cos[order], vecs[order], sq[order], rows[order])
 
-    def full(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Exhaustive search at D on the rescoring field (needs H = D: rotated documents are unit norm at D, so the
         inner product is the frozen encoder's cosine).
 
@@ -265,7 +287,11 @@ class MilvusStage1:
         if query.shape[-1] > self.rescore_width:
             raise ValueError(f"full width {query.shape[-1]} exceeds the rescoring width {self.rescore_width} "
                              f"stored in Milvus")
-        res = self._search(query, RESCORE_FIELD, min(k, self.size), [])
+        if allowed is not None:
+            k = min(k, int(allowed.sum()))
+        if k <= 0:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        res = self._search(query, RESCORE_FIELD, min(k, self.size), [], self._filter(allowed))
         rows = np.array([h[ROW_FIELD] for h in res[0]], dtype=np.int64)
         scores = np.array([h["distance"] for h in res[0]], dtype=np.float64)
         order = np.lexsort((rows, -scores))

@@ -63,6 +63,8 @@ class BuildOptions:
     router_crossfit_folds: int = 4         # adapters trained without each fold produce the router's training data
     capacity: bool = True                  # compute the capacity report (needs the evaluation split)
     capacity_options: dict = field(default_factory=dict)  # overrides of adawidth.capacity.CapacityOptions
+    lexical: bool = True                   # BM25 index, document texts and keyword fields (issue 6)
+    cars: dict | None = None               # CARS Shared/Dual adapter selection (trainer.cars.CarsConfig overrides)
     stage1_policy: bool = False            # also fit the per-query funnel policy (adawidth.stage1_policy)
     stage1_policy_tau: float = 0.95        # its agreement bar: cheapest configuration predicted to keep >= τ of the top-10
     embeddings: Path | None = None         # read corpus embeddings from Ray shards (trainer encode) instead
@@ -226,6 +228,13 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     train = _query_set(col, train_qrels, emb_of) if train_qrels else None
     test = _query_set(col, eval_qrels, emb_of) if eval_qrels else None
 
+    cars_meta, cars_writers = None, {}
+    if opts.cars is not None:
+        from trainer.cars import apply_cars
+
+        with timer("cars"):  # maps the corpus and every query set into the selected adapter's space
+            X, train, test, cars_writers, cars_meta = apply_cars(opts.cars, X, train, test, row_of, rng_seed)
+
     D = encoder.dimension
     rotations = {"identity": np.eye(D)}
     with timer("pca rotation"):
@@ -308,6 +317,15 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     }
     for pair, fit in routers.items():
         writers[f"router_{pair[0]}_{pair[1]}.txt"] = (lambda b: (lambda p: b.save_model(str(p))))(fit.booster)
+    writers.update(cars_writers)
+    lexical_meta = None
+    if opts.lexical:
+        from service.lexical import lexical_writers
+
+        with timer("lexical index"):
+            lex_writers, lexical_meta = lexical_writers([d.encoder_text() for d in col.corpus],
+                                                        [d.fields for d in col.corpus])
+        writers.update(lex_writers)
     if policy is not None:
         writers["stage1_policy.txt"] = lambda p: policy.booster.save_model(str(p))
     if capacity is not None:
@@ -340,6 +358,8 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
             "train_queries": policy.train_queries,
             "mean_agreement_by_config": [float(v) for v in policy.mean_agreement]},
         "evaluation": evaluation,
+        "lexical": lexical_meta,
+        "cars": cars_meta,
         "capacity": _capacity_summary(capacity),
         "build_seconds": timer.t,
     }

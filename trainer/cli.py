@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                             # "rebuild and publish on new data" means for an unattended trainer
                             promote=args.command == "serve" or getattr(args, "promote", False), adapter=adapter,
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
+                            cars={"rank": args.cars_rank, "prior_queries": args.cars_prior_queries} if args.cars else None,
                             stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
                             embeddings=args.embeddings)
         if args.command == "serve":
@@ -149,6 +150,11 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                    help="train the router on queries ranked by adapters that did not see them (0: off)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-capacity", action="store_true", help="skip the capacity report")
+    b.add_argument("--cars", action="store_true",
+                   help="fit Shared and Dual low-rank adapters, select one by CARS, serve it (docs/METHOD.md)")
+    b.add_argument("--cars-rank", type=int, default=16, help="rank r of the CARS adapters")
+    b.add_argument("--cars-prior-queries", type=float, default=0.0,
+                   help="CARS weight decay = this / training queries (0: fixed 1e-3; bench/results/cars/ compares)")
     b.add_argument("--stage1-policy", action="store_true",
                    help="also fit the per-query funnel policy (stage-1 width, shortlist, rescoring width); "
                         "width 'auto' then uses it (bench/results/adaptive/)")

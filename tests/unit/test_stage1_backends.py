@@ -136,3 +136,24 @@ def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
             q /= np.linalg.norm(q)
             top1 = f"d{int(np.argmax(X @ q))}"
             assert mon.compare(_Sample(v, q, top1, "fixed")) and not mon.compare(_Sample(v, q, "d-other", "fixed"))
+
+
+def test_allowed_sets_restrict_both_backends_alike(tmp_path, milvus):
+    """A filter (allowed rows) is applied before the top-k by faiss (ID selector) and Milvus (expression) alike."""
+    from service.index import IndexVersion
+    from trainer.milvus_stage1 import write_version
+
+    path, X = _synthetic_version(tmp_path)
+    write_version(milvus.client, path)
+    vf, vm = IndexVersion.load(path), IndexVersion.load(path, stage1=milvus)
+    rng = np.random.default_rng(3)
+    allowed = rng.random(N) < 0.1
+    for q in X[:10]:
+        for width in (8, 32, "full"):
+            a, b = vf.search(q, 10, width, allowed=allowed), vm.search(q, 10, width, allowed=allowed)
+            assert a.ids == b.ids and len(a.ids) == 10
+            assert all(allowed[int(i[1:])] for i in b.ids)
+    few = np.zeros(N, dtype=bool)
+    few[[5, 700]] = True
+    assert sorted(vm.search(X[0], 10, 32, allowed=few).ids) == ["d5", "d700"]
+    assert vm.search(X[0], 10, "full", allowed=np.zeros(N, dtype=bool)).ids == []
