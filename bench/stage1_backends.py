@@ -198,12 +198,13 @@ def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path)
     for mode in modes:
         proc = None
         if mode == "lite":
-            provider = Stage1Provider("milvus", str(work / f"{label}-lite.db"))
+            provider = Stage1Provider("milvus", str(work / f"{label}-lite.db"), milvus_timeout_s=args.milvus_timeout_s)
         elif mode == "remote":
-            provider = Stage1Provider("milvus", args.milvus_uri, args.milvus_token)
+            provider = Stage1Provider("milvus", args.milvus_uri, args.milvus_token,
+                                      milvus_timeout_s=args.milvus_timeout_s)
         else:
             proc, uri = start_server(work / f"{label}-server")
-            provider = Stage1Provider("milvus", uri)
+            provider = Stage1Provider("milvus", uri, milvus_timeout_s=args.milvus_timeout_s)
         before = rss_bytes() if mode == "lite" else tree_rss_bytes(proc.pid) if proc else 0
         t = time.perf_counter()
         result: dict = {}
@@ -297,6 +298,8 @@ def main(argv=None) -> int:
     p.add_argument("--server", action="store_true", help="also measure a Milvus Lite server process over gRPC")
     p.add_argument("--milvus-uri", help="also measure this Milvus (http://host:19530: standalone or a cluster)")
     p.add_argument("--milvus-token", help="its credentials")
+    p.add_argument("--milvus-timeout-s", type=float, default=60.0,
+                   help="longest wait for one Milvus call (the gateway's default, 2 s, is below Milvus Lite's 1M scan)")
     p.add_argument("--server-max-n", type=int, default=100_000, help="largest corpus measured with the server")
     p.add_argument("--write-budget-s", type=float, default=900.0, help="largest time to write one corpus to Milvus")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stage1_backends")
