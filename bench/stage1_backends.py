@@ -251,8 +251,8 @@ def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path)
 READING = """How to read it. Milvus Lite 3.x (the `milvus-lite` wheel, what `pymilvus[milvus_lite]` installs) is a pure-Python
 implementation of the Milvus protocol and engine: it measures the integration (the same client, schema, FLAT/IP
 search and output fields a Milvus cluster serves), not a Milvus cluster's speed (C++ query nodes, SIMD scans, shards
-in parallel), which could not be run here (no container runtime). Its search costs about 150 ms per query even at
-5,183 documents, almost all of it inside the engine (profiled: the client's share is a few milliseconds), and grows
+in parallel), which could not be run here (no container runtime). Its search costs tens of milliseconds per query
+even at 5,183 documents, almost all of it inside the engine (profiled: the client's share is a few milliseconds), and grows
 with N. The machine's other jobs (see the load average) slow every backend alike. faiss in process is therefore
 much faster on one machine (the ratios above); the Milvus backend is for corpora that do not fit one gateway's memory, not for speed on one machine.
 Both backends return the same top-10 for every query (FLAT is exact; the congruence tests check this on SciFact)."""
