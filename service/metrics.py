@@ -38,7 +38,7 @@ class GatewayMetrics:
                                        buckets=tuple(10.0 ** e for e in range(3, 11)), registry=registry)
         self.escalations = Counter("adawidth_escalations_total", "Queries the router escalated to the high width.",
                                    registry=registry)
-        self.routed = Counter("adawidth_routed_queries_total", "Queries served with width 'auto'.", registry=registry)
+        self.routed = Counter("adawidth_routed_queries_total", "Queries the width router decided at the version's default rho (width 'auto', policy 'router', no client rho).", registry=registry)
         self.errors = Counter("adawidth_errors_total", "Client errors by machine-readable code.", ["code"],
                               registry=registry)
         self.live_version = Gauge("adawidth_live_version_info", "1 for the version this replica serves.",

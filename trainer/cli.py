@@ -48,12 +48,14 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("export-encoder", help="export the ONNX encoder (no-op when present)")
 
-    b = sub.add_parser("build", help="build an index version of a BEIR folder")
+    b = sub.add_parser("build", help="build an index version of a BEIR folder",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _build_arguments(b)
     b.add_argument("--no-publish", action="store_true", help="write the version but do not register it")
     b.add_argument("--promote", action="store_true", help="also make it live at once (no quality gate)")
 
-    sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics")
+    sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _build_arguments(sv)
     sv.add_argument("--port", type=int, default=9109, help="TCP port of /metrics")
     sv.add_argument("--host", default="127.0.0.1", help="bind address of /metrics")
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         adapter = {k: v for k, v in {"epochs": args.epochs, "learning_rate": args.learning_rate}.items() if v is not None}
         opts = BuildOptions(dataset=args.dataset, collection=args.collection, train_split=args.train_split,
                             eval_split=args.eval_split, rotation=args.rotation, m0=args.m0, shortlist=args.shortlist,
-                            action_pairs=tuple(args.pairs), default_pair=args.default_pair, seed=args.seed,
+                            action_pairs=tuple(args.pairs), default_pair=args.default_pair,
+                            default_rho=args.default_rho, seed=args.seed,
                             publish=args.command == "serve" or not args.no_publish,
                             # the daemon's rebuilds go live at once (quality gate aside): that is what
                             # "rebuild and publish on new data" means for an unattended trainer
@@ -138,12 +141,15 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--collection", help="collection name (default: folder name)")
     b.add_argument("--train-split", default="train", help="qrels split for adapter and router training")
     b.add_argument("--eval-split", default="test", help="qrels split for the offline evaluation")
-    b.add_argument("--rotation", default="adapter", choices=["adapter", "adapter_on_pca", "pca", "identity"])
+    b.add_argument("--rotation", default="adapter", choices=["adapter", "adapter_on_pca", "pca", "identity"],
+                   help="served rotation; adapter and adapter_on_pca need a train split")
     b.add_argument("--m0", type=int, default=64, help="stage-1 width in coordinates")
     b.add_argument("--shortlist", type=int, default=500, help="stage-1 shortlist size")
     b.add_argument("--pairs", type=_pair, nargs="+", default=[(64, 128), (64, 256), (128, 256)],
                    help="router action pairs l,h")
-    b.add_argument("--default-pair", type=_pair, default=(64, 128))
+    b.add_argument("--default-pair", type=_pair, default=(64, 128), help="action pair of width 'auto'")
+    b.add_argument("--default-rho", type=float, default=0.2,
+                   help="escalation fraction of width 'auto' when a request gives no rho")
     b.add_argument("--epochs", type=int, help="adapter epochs (default 100)")
     b.add_argument("--learning-rate", type=float, help="adapter AdamW learning rate (default 1e-2)")
     b.add_argument("--router-crossfit-folds", type=int, default=4,

@@ -114,3 +114,20 @@ def test_a_version_whose_policy_features_differ_is_refused(funnel_home, tmp_path
     with pytest.raises(artifact.IndexVersionError) as e:
         IndexVersion.load(bad)
     assert e.value.code == "schema"  # not a checksum failure: the manifest itself is not hashed
+
+
+def test_only_router_queries_at_the_default_rho_feed_the_escalation_drift_ratio(client):
+    """The drift alert divides escalations by routed queries and compares with the default ρ: funnel-policy
+    queries (never 'escalated') and queries with a client's own ρ must not dilute it."""
+    def counters():
+        vals = {}
+        for line in client.get("/metrics").text.splitlines():
+            for name in ("adawidth_routed_queries_total", "adawidth_escalations_total"):
+                if line.startswith(name + " "):
+                    vals[name] = float(line.split()[-1])
+        return vals
+
+    before = counters()
+    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto"})              # funnel
+    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto", "rho": 1.0})  # client rho
+    assert counters() == before
