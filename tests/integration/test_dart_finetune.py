@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from adawidth.beir import load_collection
+from adawidth.metrics import ndcg_at_k
+from adawidth.tiers import oracle_tier
+from trainer.dart.difficulty import tier_rankings
 from trainer.dart.finetune import (FinetuneConfig, FrozenStates, TopEncoder, TrainData, encode_states, load_bert,
                                    merge_into, rank, split_dev, train)
 
@@ -61,11 +64,24 @@ def test_training_on_scifact_subset_improves_dev_and_merges(model):
                      np.array([qrow[q] for q in dev]), [col.qrels[q] for q in dev], k_max=max(map(len, pos)))
     # train on the dev queries as well, to check that the objective can fit what it sees
     cfg = FinetuneConfig(objective="at_dw_infonce", seed=0, trainable_layers=1, batch_queries=16, max_epochs=2,
-                         patience=1, lr=2e-4, mine_depth=10)
+                         patience=1, lr=2e-4, mine_depth=10, head_lambda=0.1)
+    with pytest.raises(ValueError):  # the joint head (Eq. 2) needs oracle tiers
+        train(cfg, bert, dst, qst, data)
+    # oracle tiers from the frozen encoder's MIPS and MaxSim rankings (the cross-encoder tier is not used here)
+    base0 = TopEncoder(bert, 1)
+    X0 = encode_states(base0, dst)
+    tiers = tier_rankings(base0, qst, data.train_rows, dst, X0, depth=20)
+    for a, b in zip(tiers["mips"], tiers["maxsim"]):
+        assert sorted(a) == sorted(b)  # MaxSim reorders the MIPS candidates
+    assert any(list(a) != list(b) for a, b in zip(tiers["mips"], tiers["maxsim"]))
+    qual = np.array([[ndcg_at_k([doc_ids[j] for j in tiers[t][i]], col.qrels[q], 10) for t in ("mips", "maxsim")]
+                     for i, q in enumerate(tr)])
+    data.train_tier = oracle_tier(qual)
     top, report, X = train(cfg, bert, dst, qst, data)
     assert np.allclose(X, encode_states(top, dst), atol=1e-5)
     assert report["history"][0]["epoch"] == 0 and len(report["history"]) >= 2
     assert report["steps"] > 0
+    assert top.difficulty_head is None or top.difficulty_head.shape == (3, 384)
     train_loss = [h["train_loss"] for h in report["history"][1:]]
     assert all(np.isfinite(train_loss))
     # the training queries' positives rank higher after fine-tuning than before

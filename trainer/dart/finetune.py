@@ -32,6 +32,7 @@ import torch
 from adawidth.metrics import ndcg_at_k
 
 from . import losses
+from .difficulty import DifficultyHead, joint_loss
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class FinetuneConfig:
     gamma: float = 2.0                 # focal exponent
     tau_start: float = 0.10            # cosine schedule
     tau_end: float = 0.02
+    head_lambda: float = 0.0           # λ of Eq. (2): > 0 trains the difficulty head jointly (needs train_tier)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -246,6 +248,7 @@ class TrainData:
     dev_rows: np.ndarray
     dev_qrels: list[Mapping[str, int]]
     k_max: int = field(default=1)
+    train_tier: np.ndarray | None = None     # oracle tier t* of each training query (joint head, Eq. 2)
 
 
 def split_dev(qids: Sequence[str], fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:
@@ -294,11 +297,20 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
     X = encode_states(top, dstates) if X0 is None else X0
     best_dev = _dev_ndcg(top, qstates, X, data)
     best_state, best_X = copy.deepcopy(top.state_dict()), X
+    best_head = None
     history = [{"epoch": 0, "dev_ndcg10": best_dev}]
     n = len(data.train_rows)
     steps_per_epoch = (n + cfg.batch_queries - 1) // cfg.batch_queries
     total = steps_per_epoch * cfg.max_epochs
-    opt = torch.optim.AdamW(top.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    head = None
+    params = list(top.parameters())
+    if cfg.head_lambda > 0:
+        if data.train_tier is None:
+            raise ValueError("head_lambda > 0 needs data.train_tier (oracle tiers of the training queries)")
+        head = DifficultyHead(bert.config.hidden_size)
+        params += list(head.parameters())
+        tier_all = torch.as_tensor(np.asarray(data.train_tier, dtype=np.int64))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, int(cfg.warmup_frac * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
@@ -322,7 +334,8 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
                                             [str(x) for x in pool])
             hq, mq = qstates.batch(data.train_rows[b])
             hd, md = dstates.batch(pool)
-            scores = top(hq, mq) @ top(hd, md).T
+            qemb = top(hq, mq)
+            scores = qemb @ top(hd, md).T
             target = torch.arange(len(b))
             if cfg.objective == "infonce":
                 loss = losses.info_nce(scores, target, valid, tau=cfg.tau)
@@ -333,6 +346,8 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
             else:
                 tau = losses.cosine_temperature(step, total, start=cfg.tau_start, end=cfg.tau_end)
                 loss = losses.info_nce(scores, target, valid, tau=tau)
+            if head is not None:
+                loss = joint_loss(loss, head(qemb), tier_all[b], lam=cfg.head_lambda)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(top.parameters(), 1.0)
@@ -348,11 +363,14 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
                  np.mean(losses_ep), dev, time.monotonic() - t_start)
         if dev > best_dev:
             best_dev, best_state, best_X, bad = dev, copy.deepcopy(top.state_dict()), X, 0
+            best_head = None if head is None else head.weights()
         else:
             bad += 1
             if bad > cfg.patience:
                 break
     top.load_state_dict(best_state)
+    # (T, D) float32 weights of the jointly trained difficulty head at the best epoch (None: not trained)
+    top.difficulty_head = best_head
     best_epoch = max(history, key=lambda h: h["dev_ndcg10"])["epoch"]
     report = {"config": asdict(cfg), "history": history, "best_epoch": best_epoch, "best_dev_ndcg10": best_dev,
               "steps": step, "train_seconds": time.monotonic() - t_start}
