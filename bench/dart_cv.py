@@ -89,7 +89,8 @@ def run(args):
                          {q: i for i, q in enumerate(q_all)}, 0.1, 0)
         X0 = encode_states(base, dst)
         for obj in args.objectives:
-            sci_tops[obj], _, _ = train(FinetuneConfig(objective=obj, seed=args.seed, max_epochs=1), bert, dst, qst, data, X0=X0)
+            cfg = FinetuneConfig(objective=obj, seed=args.seed, max_epochs=1)
+            sci_tops[obj], _, _ = train(cfg, bert, dst, qst, data, X0=X0)
 
     for name in args.collections:
         col = load_collection(args.data / name, "test")
