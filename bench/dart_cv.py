@@ -154,7 +154,8 @@ def write_table(out: Path):
     cols = list(dict.fromkeys(r["collection"] for r in recs))
     m = lambda r, k: float(np.mean(r["per_query"][k]))  # noqa: E731
     lines = ["# DART on the classic collections (5-fold CV over queries; zero-shot from SciFact)", "",
-             f"Command: `{recs[-1]['command']}`  ",
+             "Commands (appending runs to the JSONL beside this file; shards merged): " +
+             "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs)) + "  ",
              "Budget: one seed, at most two epochs per fold (patience 0), top layer over cached frozen states, documents at 128 tokens "
              f"({recs[-1]['machine']}). Gain = fine-tuned − frozen in NDCG@10 points (×100) on held-out folds; "
              "AT-DW − InfoNCE with a paired bootstrap p (10k resamples). Retention = NDCG@10 of the SciFact-tuned "
@@ -190,7 +191,8 @@ def write_table(out: Path):
     lines += ["", "The paper's two-regime prediction (000 §3, §6): AT-DW-InfoNCE helps where δ is large (moderate "
               "regime: Cranfield, CISI) and not where δ is far below 1."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "command": recs[-1]["command"]}, indent=2))
+    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "commands": list(dict.fromkeys(r["command"] for r in recs))},
+                                                 indent=2))
 
 
 if __name__ == "__main__":
