@@ -1,6 +1,6 @@
 """DART on the classic collections: 5-fold cross-validation over queries, plus zero-shot retention.
 
-Usage (CPU, one thread; a smaller budget than the SciFact table: one seed, at most two epochs per fold)::
+Usage (CPU, one thread; a smaller budget than the SciFact table: one seed, one epoch per fold)::
 
     OMP_NUM_THREADS=1 python bench/dart_cv.py --collections cranfield cisi medline --out bench/results/dart/cv.jsonl
 
@@ -126,7 +126,7 @@ def run(args):
                 train_q = [q for q, k in zip(qids, fold_of) if k != f]
                 test_q = [q for q, k in zip(qids, fold_of) if k == f]
                 data = _data_for(col, train_q, doc_ids, qrow, 0.1, 0)
-                top, rep, X = train(FinetuneConfig(objective=obj, seed=args.seed, max_epochs=2, patience=0), bert, dst, qst,
+                top, rep, X = train(FinetuneConfig(objective=obj, seed=args.seed, max_epochs=1, patience=0), bert, dst, qst,
                                     data, X0=X0)
                 epochs.append(rep["best_epoch"])
                 R = rank(encode_states(top, qst, [qrow[q] for q in test_q]), X, 100)
@@ -156,7 +156,7 @@ def write_table(out: Path):
     lines = ["# DART on the classic collections (5-fold CV over queries; zero-shot from SciFact)", "",
              "Commands (appending runs to the JSONL beside this file; shards merged): " +
              "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs)) + "  ",
-             "Budget: one seed, at most two epochs per fold (patience 0), top layer over cached frozen states, documents at 128 tokens "
+             "Budget: one seed, one epoch per fold, top layer over cached frozen states, documents at 128 tokens "
              f"({recs[-1]['machine']}). Gain = fine-tuned − frozen in NDCG@10 points (×100) on held-out folds; "
              "AT-DW − InfoNCE with a paired bootstrap p (10k resamples). Retention = NDCG@10 of the SciFact-tuned "
              "encoder / frozen NDCG@10 on the collection (not trained on it).", "",
