@@ -174,7 +174,7 @@ def funnel_rankings(X_rot: np.ndarray, Q_rot: np.ndarray, grid: list[Config], k:
 
 
 def resolve_adaptive(corpus: BlockedCorpus, query: np.ndarray, predict, grid: list[Config], tau: float, k: int,
-                     theta: float = 0.05) -> tuple[Resolution, Config]:
+                     theta: float = 0.05, work: np.ndarray | None = None) -> tuple[Resolution, Config]:
     """Serve one query through the per-query funnel.
 
     Scans the first block, reads the evidence, predicts every configuration's target with
@@ -186,6 +186,7 @@ def resolve_adaptive(corpus: BlockedCorpus, query: np.ndarray, predict, grid: li
         corpus: the rotated corpus in blocks of :data:`BLOCK`.
         query: rotated query, (D,) float32.
         k: results wanted (the shortlist grows to k when k exceeds it).
+        work: (K,) ``Config.work(N)`` of the grid, if the caller keeps it (computed here otherwise).
 
     Returns:
         (:class:`adawidth.funnel.Resolution` whose ``stage1_work`` includes the evidence and whose
@@ -193,7 +194,8 @@ def resolve_adaptive(corpus: BlockedCorpus, query: np.ndarray, predict, grid: li
     """
     feats, state = evidence(corpus, query, theta)
     N, D = corpus.N, corpus.D
-    work = np.array([c.work(N) for c in grid], dtype=np.float64)
+    if work is None:
+        work = np.array([c.work(N) for c in grid], dtype=np.float64)
     pred = np.asarray(predict(design(feats[None, :], grid, N, float(N * D))), dtype=np.float64)
     j = int(choose_threshold(pred[None, :], work, tau)[0])
     cfg = grid[j]

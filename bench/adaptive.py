@@ -57,14 +57,15 @@ def ndcg_matrix(rankings: np.ndarray, judgments: list[dict], doc_ids: list[str])
 
 
 def fit(feats: np.ndarray, target: np.ndarray, grid, N: int, full_work: float, seed: int):
+    """The served policy's LightGBM model (trainer.stage1_policy_fit) on any per-configuration target."""
     import lightgbm as lgb
 
-    params = {"objective": "regression", "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 40,
-              "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1, "verbose": -1,
-              "num_threads": 1, "seed": seed, "deterministic": True, "force_row_wise": True}
+    from trainer.stage1_policy_fit import LGB_PARAMS, NUM_ROUNDS
+
     names = list(sp.EVIDENCE_NAMES + sp.CONFIG_NAMES)
-    return lgb.train(params, lgb.Dataset(sp.design(feats, grid, N, full_work), target.ravel(), feature_name=names),
-                     num_boost_round=300)
+    return lgb.train(dict(LGB_PARAMS, seed=seed),
+                     lgb.Dataset(sp.design(feats, grid, N, full_work), target.ravel(), feature_name=names),
+                     num_boost_round=NUM_ROUNDS)
 
 
 class Split:

@@ -68,15 +68,15 @@ def target_of(name, nd, overlap):
 
 
 def fit_oof(F, y, binary, seed=0, folds=5):
+    """The served router's LightGBM settings (trainer.router_fit), as a regressor or a binary classifier."""
     import lightgbm as lgb
 
-    params = {"objective": "binary" if binary else "regression", "learning_rate": 0.05, "num_leaves": 15,
-              "min_data_in_leaf": 20, "feature_fraction": 0.9, "bagging_fraction": 0.9, "bagging_freq": 1,
-              "lambda_l2": 1.0, "verbose": -1, "num_threads": 1, "seed": seed, "deterministic": True,
-              "force_row_wise": True}
+    from trainer.router_fit import LGB_PARAMS, NUM_ROUNDS
+
+    params = dict(LGB_PARAMS, objective="binary" if binary else "regression", seed=seed)
 
     def train(a, b):
-        return lgb.train(params, lgb.Dataset(a, b, feature_name=list(FEATURE_NAMES)), num_boost_round=200)
+        return lgb.train(params, lgb.Dataset(a, b, feature_name=list(FEATURE_NAMES)), num_boost_round=NUM_ROUNDS)
 
     fold_of = np.random.default_rng(seed).permutation(len(y)) % folds
     oof = np.empty(len(y))

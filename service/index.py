@@ -58,6 +58,9 @@ class FunnelPolicy:
     corpus: BlockedCorpus
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self):
+        self.work = np.array([c.work(self.corpus.N) for c in self.grid], dtype=np.float64)  # per query, reused
+
     def predict(self, rows: np.ndarray) -> np.ndarray:
         with self.lock:
             return self.booster.predict(rows)
@@ -212,7 +215,8 @@ class IndexVersion:
             q = self.rotate(embedding, self.dimension)
             t["rotate"] = time.perf_counter() - t0
             s = time.perf_counter()
-            res, cfg = stage1_policy.resolve_adaptive(fp.corpus, q, fp.predict, fp.grid, fp.tau, k, self.theta)
+            res, cfg = stage1_policy.resolve_adaptive(fp.corpus, q, fp.predict, fp.grid, fp.tau, k, self.theta,
+                                                        work=fp.work)
             t["stage1"] = time.perf_counter() - s  # evidence, choice, scan and rescoring are interleaved here
             extra = {"policy": "funnel", "stage1_width": cfg.m1, "shortlist": min(max(cfg.shortlist, k), self.size)}
         else:
