@@ -17,6 +17,7 @@ then truncated; metric labels are route templates and bounded values only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -46,6 +47,9 @@ from service.stage1 import Stage1Unavailable
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import STAGES, CutoverMetrics, GatewayMetrics, bounded_method
 from service.online_cus import OnlineCusMonitor
+from service.tiers import rerank_order
+from adawidth.hybrid import parse_query
+from adawidth.tiers import RERANK_DEPTH, TIERS, predict_tier
 from service.versions import VersionManager, start_replica
 
 log = logging.getLogger("service")
@@ -73,11 +77,18 @@ class SearchRequest(BaseModel):
         None, description="Fusion of mode 'hybrid': 'rrf' (k = 60) or 'convex' (default: the gateway's).")
     alpha: StrictFloat | StrictInt | None = Field(
         None, description="Dense weight of the convex fusion, in [0, 1] (default: the gateway's).")
+    tier: Literal["auto", "mips", "maxsim", "cross_encoder"] | None = Field(
+        None, description="DART tier (Algorithm 1 of 000): 'mips' (the adaptive-width ranking alone), 'maxsim' "
+                          "(late interaction over the encoder's token embeddings on the top 50), 'cross_encoder' "
+                          "(the fine-tuned cross-encoder on the top 50) or 'auto' (the version's difficulty head "
+                          "picks per query). Default: the gateway's (ADAWIDTH_DEFAULT_TIER, 'mips').")
 
 
 class Hit(BaseModel):
     id: str = Field(description="Document id from the corpus.")
-    score: float = Field(description="Prefix cosine at the width used (higher is better).")
+    score: float = Field(description="Higher is better: the prefix cosine at the width used (tier 'mips', mode "
+                                     "'dense'), the fused score (mode 'hybrid'), BM25 (mode 'lexical'), or the "
+                                     "reranker's score (tiers 'maxsim' and 'cross_encoder').")
 
 
 class Trace(BaseModel):
@@ -99,6 +110,12 @@ class Trace(BaseModel):
                              "width), 'router' (width router over the action pair), 'fixed' or 'full'.")
     stage1_width: int | None = Field(None, description="Coordinates stage 1 scanned the corpus at.")
     shortlist: int | None = Field(None, description="Candidates kept by stage 1 and rescored.")
+    tier: Literal["mips", "maxsim", "cross_encoder"] = Field(
+        "mips", description="DART tier that produced the ranking.")
+    tier_predicted: Literal["mips", "maxsim", "cross_encoder"] | None = Field(
+        None, description="Tier 'auto' only: the difficulty head's argmax W_t h_q. It equals 'tier' unless the "
+                          "predicted tier is not available on this replica, when the nearest cheaper one serves.")
+    reranked: int = Field(0, description="Candidates the tier reranked (0 for 'mips').")
     timings_seconds: dict[str, float]
 
 
@@ -138,6 +155,8 @@ class GatewayState:
         self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
         self.cutover_metrics = CutoverMetrics(self.metrics)
         self.encoder = None
+        self.maxsim = None  # service.tiers.MaxSimScorer once the encoder is loaded
+        self.cross_encoder = None  # service.tiers.CrossEncoderScorer when an export is present
         self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
                                        settings.canary_queries)
         self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (service/stage1.py)
@@ -168,6 +187,16 @@ class GatewayState:
             log.error("gateway not ready: %s", e)
             return
         self.versions.encoder = self.encoder
+        from service.tiers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
+
+        self.maxsim = MaxSimScorer(self.encoder, s.maxsim_cache_documents)
+        try:
+            self.cross_encoder = CrossEncoderScorer(s.cross_encoder_dir, threads=s.encoder_threads,
+                                                    prefer_gpu=s.prefer_gpu, spin=False)
+            log.info("cross-encoder tier: %s (%s)", s.cross_encoder_dir, self.cross_encoder.sha256[:12])
+        except CrossEncoderNotFoundError as e:
+            self.cross_encoder = None
+            log.info("cross-encoder tier unavailable: %s", e)
         self.versions.on_live = lambda v: self.online_cus.observe_version(v, s.default_rho)
         self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
         if self.live is None:
@@ -211,6 +240,31 @@ class GatewayState:
             self.registry.close()
 
 
+def check_tier(tier: str, version: IndexVersion, state: "GatewayState") -> None:
+    """Raise 409 ``tier_unavailable`` when ``tier`` cannot be served for ``version`` on this replica: 'auto'
+    needs the version's difficulty head; 'maxsim' and 'cross_encoder' need the version's encoder texts, and
+    'cross_encoder' a loaded cross-encoder export."""
+    if tier == "auto" and version.tier_head is None:
+        raise ApiError("tier_unavailable", f"index version {version.version} has no difficulty head (build it with "
+                                           "`trainer build --tiers`); use tier 'mips', 'maxsim' or 'cross_encoder'",
+                       "tier")
+    if tier in ("maxsim", "cross_encoder", "auto") and version.texts is None:
+        raise ApiError("tier_unavailable", f"index version {version.version} holds no document texts for "
+                                           "reranking (built before issue 5); use tier 'mips'", "tier")
+    if tier == "cross_encoder" and state.cross_encoder is None:
+        raise ApiError("tier_unavailable", "this replica has no cross-encoder export "
+                                           "(python -m trainer.dart.cross_encoder)", "tier")
+
+
+def available_tier(predicted: str, version: IndexVersion, state: "GatewayState") -> str:
+    """The tier that serves a head prediction: ``predicted`` itself, or the nearest cheaper tier when it cannot be
+    served here (a replica without the cross-encoder export); 'mips' always can."""
+    for t in reversed(TIERS[:TIERS.index(predicted) + 1]):
+        if t == "mips" or (version.texts is not None and (t != "cross_encoder" or state.cross_encoder is not None)):
+            return t
+    return "mips"
+
+
 def _validation_error(err: ValidationError) -> ApiError:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
@@ -220,7 +274,8 @@ def _validation_error(err: ValidationError) -> ApiError:
         return ApiError("unknown_field", f"unknown field {shown}", loc)
     if kind == "missing":
         return ApiError("missing_field", f"field {shown} is required", loc)
-    for prefix, code in (("mode", "unknown_mode"), ("fusion", "unknown_fusion"), ("filter", "invalid_filter")):
+    for prefix, code in (("mode", "unknown_mode"), ("fusion", "unknown_fusion"), ("filter", "invalid_filter"),
+                         ("tier", "unknown_tier")):
         if loc and loc.startswith(prefix):
             return ApiError(code, f"field {shown}: {first.get('msg', 'invalid value')}", prefix)
     if loc and loc.startswith("width"):
@@ -457,6 +512,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             if pair is None or tuple(pair) not in version.routers:
                 raise ApiError("unknown_width", "this index version has no router; use 'full' or an integer", "width")
         rho = settings.default_rho if req.rho is None else float(req.rho)
+        tier = req.tier or settings.default_tier
+        check_tier(tier, version, state)
 
         opts = RetrievalOptions(mode=req.mode, filter=req.filter, fusion=req.fusion or settings.hybrid_fusion,
                                 alpha=settings.hybrid_alpha if req.alpha is None else float(req.alpha),
@@ -474,16 +531,43 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                 check_deadline(deadline)
                 return emb
 
-            got, emb = retrieve(version, req.query, req.k, req.width, embed, opts, rho=rho,
+            served, predicted, search = tier, None, embed
+            qtext = parse_query(req.query).text  # what the dense lane encodes (quote marks dropped, words kept)
+            if tier == "auto":  # Algorithm 1 of 000, lines 1-2: t̂ = argmax W_t h_q (O(3d), no qrels)
+                h_q = embed(qtext)
+                predicted = TIERS[int(predict_tier(version.tier_head, h_q))]
+                served = available_tier(predicted, version, state)
+                search = lambda _text: h_q  # noqa: E731  (encode once)
+            k = req.k or settings.k_default
+            depth = max(k, RERANK_DEPTH) if served != "mips" else req.k
+            got, emb = retrieve(version, req.query, depth, req.width, search, opts, rho=rho,
                                 pair=tuple(settings.action_pair) if settings.action_pair else None)
             out = got.outcome
-            if emb is not None and got.mode == "dense" and got.allowed_documents is None:
+            if emb is not None and got.mode == "dense" and got.allowed_documents is None and served == "mips":
                 state.online_cus.offer(version, emb, out.ids, req.width)  # O(1); compared off the request path
+            reranked = 0
+            if served != "mips":  # lines 5-10: rerank the first stage's top 50
+                s = time.perf_counter()
+                rows = list(out.rows[:RERANK_DEPTH])
+                texts = [version.texts[r] for r in rows]
+                check_deadline(deadline)
+                if served == "maxsim":
+                    scores = state.maxsim.score(qtext, version.version, rows, texts)
+                else:
+                    scores = state.cross_encoder.score(qtext, texts)
+                order = rerank_order(scores)[:k]
+                out = dataclasses.replace(out, ids=[version.doc_ids[rows[i]] for i in order],
+                                          scores=[float(scores[i]) for i in order], rows=[rows[i] for i in order])
+                reranked = len(rows)
+                t_enc["rerank"] = time.perf_counter() - s
+            elif len(out.ids) > k:
+                out = dataclasses.replace(out, ids=out.ids[:k], scores=out.scores[:k], rows=out.rows[:k])
             timings = {**t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
-            return got, timings
+            got = dataclasses.replace(got, outcome=out)
+            return got, timings, {"tier": served, "tier_predicted": predicted, "reranked": reranked}
 
         try:
-            got, timings = await state.limiter.run(run, deadline)
+            got, timings, tier_trace = await state.limiter.run(run, deadline)
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
@@ -497,6 +581,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if got.mode != "lexical":
             m.width.labels(policy).observe(out.width)
         m.coordinates.observe(out.coordinates_scored)
+        m.tiers.labels(tier_trace["tier"]).inc()
         m.work_by_stage.labels("stage1").observe(out.stage1_work)
         m.work_by_stage.labels("rescoring").observe(out.rescoring_work)
         # the escalation-drift alert compares this ratio with the version's default ρ: count only queries the
@@ -512,7 +597,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                           "mode": got.mode, "fusion": got.fusion, "allowed_documents": got.allowed_documents,
                           "stage1_work": out.stage1_work, "rescoring_work": out.rescoring_work,
                           "policy": out.policy, "stage1_width": out.stage1_width, "shortlist": out.shortlist,
-                          "timings_seconds": timings}}
+                          **tier_trace, "timings_seconds": timings}}
 
     app.include_router(build_admin_router(state))
 
@@ -533,6 +618,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}
         return {"status": "degraded" if reg["degraded"] else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
+                "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,
+                          "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None},
                 **reg}
 
 

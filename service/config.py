@@ -63,6 +63,14 @@ class GatewaySettings(BaseSettings):
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = ONNX Runtime's default.")
     faiss_threads: int = Field(1, ge=1, description="OpenMP threads for faiss; one is fastest for single queries.")
     prefer_gpu: bool = Field(True, description="Use CUDA for the encoder when onnxruntime-gpu and a GPU are present.")
+    default_tier: Literal["mips", "auto", "maxsim", "cross_encoder"] = Field(
+        "mips", description="DART tier of requests that give none: 'mips' (tiered routing off, the default), "
+                            "'auto' (the version's difficulty head routes), or a fixed reranking tier.")
+    cross_encoder_dir: Path | None = Field(
+        None, description="Cross-encoder export of tier 'cross_encoder' (default <home>/models/minilm-cross-encoder; "
+                          "absent: that tier answers 409 tier_unavailable).")
+    maxsim_cache_documents: int = Field(2048, ge=0, description="Documents whose token matrices tier 'maxsim' keeps "
+                                                                "in memory (about 192 KiB each at 256 tokens).")
     k_max: int = Field(1000, ge=1, description="Largest k a request may ask for.")
     k_default: int = Field(10, ge=1, description="k when a request does not give one.")
     default_rho: float | None = Field(None, ge=0.0, le=1.0,
@@ -182,6 +190,7 @@ class GatewaySettings(BaseSettings):
         return self.model_copy(update={
             "index_root": self.index_root or self.home / "indexes",
             "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
+            "cross_encoder_dir": self.cross_encoder_dir or self.home / "models" / "minilm-cross-encoder",
             "milvus_uri": self.milvus_uri or str(self.home / "milvus.db"),
         })
 

@@ -46,6 +46,28 @@ def available_providers(prefer_gpu: bool = True) -> list[str]:
     return [p for p in wanted if p in have] or ["CPUExecutionProvider"]
 
 
+def onnx_session(path: Path, threads: int = 0, prefer_gpu: bool = True, spin: bool = True):
+    """An ONNX Runtime session of ``path`` and the providers it uses (CUDA first when present and wanted).
+
+    Args:
+        threads: intra-op threads (0 = ONNX Runtime's default; inter-op is then 1).
+        spin: let idle intra-op threads busy-wait (fastest for bulk work; the gateway turns it off).
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spin:
+        # idle intra-op threads otherwise busy-wait after each call and steal the
+        # cores that faiss, numpy and the HTTP server need between queries
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = available_providers(prefer_gpu)
+    return ort.InferenceSession(str(path), sess_options=opts, providers=providers), providers
+
+
 class OnnxEncoder:
     """Sentence encoder over an ONNX export made by ``trainer.export_onnx``.
 
@@ -63,7 +85,6 @@ class OnnxEncoder:
 
     def __init__(self, export_dir: Path | str, *, threads: int = 0, prefer_gpu: bool = True,
                  max_tokens: int | None = None, spin: bool = True):
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
         export_dir = Path(export_dir)
@@ -76,18 +97,7 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=self.max_tokens)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if not spin:
-            # idle intra-op threads otherwise busy-wait after each call and steal the
-            # cores that faiss, numpy and the HTTP server need between queries
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.providers = available_providers(prefer_gpu)
-        self.session = ort.InferenceSession(str(export_dir / "model.onnx"), sess_options=opts,
-                                            providers=self.providers)
+        self.session, self.providers = onnx_session(export_dir / "model.onnx", threads, prefer_gpu, spin)
 
     @property
     def dimension(self) -> int:

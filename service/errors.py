@@ -58,6 +58,9 @@ STATUS_OF_CODE: dict[str, int] = {
     "tenant_required": 403,
     # stage 1 on an external engine (issue 10)
     "stage1_unavailable": 503,
+    # DART tiers (issue 5)
+    "unknown_tier": 422,
+    "tier_unavailable": 409,
 }
 
 MAX_ECHO_CHARS = 64

@@ -85,6 +85,29 @@ class SearchOutcome:
     rows: list[int] = field(default_factory=list)
 
 
+def _load_tiers(path: Path, manifest: dict, n_docs: int) -> tuple[list[str] | None, np.ndarray | None]:
+    """The encoder texts (``manifest["rerank"]["text_file"]``) and the difficulty head
+    (``manifest["tiers"]["head"]["file"]``, shape (T, D)) of a version, each None when it was built without them.
+
+    Raises:
+        adawidth.artifact.IndexVersionError: a file whose shape disagrees with the manifest.
+    """
+    from adawidth.tiers import TIERS
+
+    texts = head = None
+    rerank = manifest.get("rerank") or {}
+    if rerank.get("text_file"):
+        texts = json.loads((path / rerank["text_file"]).read_text(encoding="utf-8"))
+        if not isinstance(texts, list) or len(texts) != n_docs:
+            raise artifact.IndexVersionError("schema", f"{rerank['text_file']} does not hold {n_docs} texts")
+    meta = (manifest.get("tiers") or {}).get("head")
+    if meta:
+        head = np.load(path / meta["file"]).astype(np.float32)
+        if head.shape != (len(TIERS), manifest["dimension"]) or list(meta.get("classes", TIERS)) != list(TIERS):
+            raise artifact.IndexVersionError("schema", f"{meta['file']} is not a ({len(TIERS)}, D) head over {TIERS}")
+    return texts, head
+
+
 class IndexVersion:
     """One immutable, loaded version (see :mod:`adawidth.artifact` for the files)."""
 
@@ -110,6 +133,8 @@ class IndexVersion:
         self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
         self.default_rho: float = r.get("default_rho", 0.2)
         self.lexical = lexical  # service.lexical.LexicalIndex, None for versions built without it
+        self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
+        self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
 
     @property
     def size(self) -> int:
@@ -166,10 +191,13 @@ class IndexVersion:
 
         lexical = LexicalIndex.load(path, manifest)
         if in_process:
-            return cls(path, manifest, rotation, docs, sqnorm, doc_ids, faiss.read_index(str(path / "stage1.faiss")),
-                       routers, policy, lexical)
-        return cls(path, manifest, rotation, docs, sqnorm, doc_ids, None, routers, None, lexical,
-                   stage1=stage1.attach(path, manifest, docs, sqnorm))
+            version = cls(path, manifest, rotation, docs, sqnorm, doc_ids,
+                          faiss.read_index(str(path / "stage1.faiss")), routers, policy, lexical)
+        else:
+            version = cls(path, manifest, rotation, docs, sqnorm, doc_ids, None, routers, None, lexical,
+                          stage1=stage1.attach(path, manifest, docs, sqnorm))
+        version.texts, version.tier_head = _load_tiers(path, manifest, len(doc_ids))
+        return version
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 WIDTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384)
-STAGES = ("encode", "rotate", "stage1", "route_and_rescore", "total")
+STAGES = ("encode", "rotate", "stage1", "route_and_rescore", "rerank", "total")
 
 
 class GatewayMetrics:
@@ -38,6 +38,8 @@ class GatewayMetrics:
                                        buckets=tuple(10.0 ** e for e in range(3, 11)), registry=registry)
         self.escalations = Counter("adawidth_escalations_total", "Queries the router escalated to the high width.",
                                    registry=registry)
+        self.tiers = Counter("adawidth_search_tier_total", "Searches by the DART tier that served them "
+                             "(mips, maxsim, cross_encoder).", ["tier"], registry=registry)
         self.routed = Counter("adawidth_routed_queries_total", "Queries the width router decided at the version's default rho (width 'auto', policy 'router', no client rho).", registry=registry)
         self.errors = Counter("adawidth_errors_total", "Client errors by machine-readable code.", ["code"],
                               registry=registry)

@@ -32,6 +32,7 @@ from adawidth import artifact, stage1_policy
 from adawidth.beir import Collection, load_collection, load_qrels, available_splits
 from adawidth.prefix import prefix_normalize
 from adawidth.rotation import orthogonality_error, pca_rotation
+from adawidth.tiers import RERANK_DEPTH
 from adawidth.router import threshold_for_rate
 from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_report, score_rankings
 
@@ -68,6 +69,9 @@ class BuildOptions:
     stage1_policy: bool = False            # also fit the per-query funnel policy (adawidth.stage1_policy)
     stage1_policy_tau: float = 0.95        # its agreement bar: cheapest configuration predicted to keep >= τ of the top-10
     embeddings: Path | None = None         # read corpus embeddings from Ray shards (trainer encode) instead
+    tiers: bool = False                    # fit the DART difficulty head (tier 'auto'); needs a cross-encoder export
+    cross_encoder: Path | None = None      # its export (default <home>/models/minilm-cross-encoder)
+    tier_head_queries: int | None = None   # label at most this many held-out training queries (None: all of them)
 
 
 class _Timer:
@@ -203,6 +207,15 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         what = f"rotation {opts.rotation!r}" if opts.rotation.startswith("adapter") else "the stage-1 policy"
         raise ValueError(f"{what} needs training qrels ({opts.train_split!r} split not found in {opts.dataset}; "
                          f"it has {splits or 'no'} splits)")
+    if opts.tiers and train_split is None:
+        raise ValueError(f"the difficulty head (--tiers) needs training qrels ({opts.train_split!r} split not found)")
+    if opts.tiers:  # fail before encoding, not after
+        from service.tiers import CrossEncoderNotFoundError
+
+        ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"
+        if not (Path(ce_dir) / "cross_encoder.json").is_file():
+            raise CrossEncoderNotFoundError(f"--tiers needs a cross-encoder export at {ce_dir} "
+                                            "(python -m trainer.dart.cross_encoder --dataset ...)")
     col = load_collection(opts.dataset, eval_split or (splits[0] if splits else "test"))
     name = opts.collection or col.name
     doc_ids = [d.doc_id for d in col.corpus]
@@ -227,6 +240,13 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     emb_of = dict(zip(qids, QE))
     train = _query_set(col, train_qrels, emb_of) if train_qrels else None
     test = _query_set(col, eval_qrels, emb_of) if eval_qrels else None
+
+    tiers_meta, tier_head = None, None
+    if opts.tiers:
+        if train is None or not train.ids:
+            raise ValueError("the difficulty head (--tiers) needs training queries (a train split)")
+        with timer("difficulty head"):
+            tier_head, tiers_meta = _fit_tier_head(opts, settings, encoder, X, col, train, rng_seed)
 
     cars_meta, cars_writers = None, {}
     if opts.cars is not None:
@@ -318,6 +338,10 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     for pair, fit in routers.items():
         writers[f"router_{pair[0]}_{pair[1]}.txt"] = (lambda b: (lambda p: b.save_model(str(p))))(fit.booster)
     writers.update(cars_writers)
+    texts = [d.encoder_text() for d in col.corpus]  # the rerank tiers (MaxSim, cross-encoder) read these
+    writers["encoder_text.json"] = lambda p: p.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
+    if tier_head is not None:
+        writers["difficulty_head.npy"] = lambda p: np.save(p, tier_head.astype(np.float32))
     lexical_meta = None
     if opts.lexical:
         from service.lexical import lexical_writers
@@ -360,6 +384,9 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         "evaluation": evaluation,
         "lexical": lexical_meta,
         "cars": cars_meta,
+        "rerank": {"text_file": "encoder_text.json", "depth": RERANK_DEPTH,
+                   "text": "title + ' ' + text, as encoded; tiers 'maxsim' and 'cross_encoder' rerank on it"},
+        "tiers": tiers_meta,
         "capacity": _capacity_summary(capacity),
         "build_seconds": timer.t,
     }
@@ -382,6 +409,40 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
             registry.close()
     log.info("wrote %s%s", path, " (live)" if live else " (candidate)" if opts.publish else "")
     return path, artifact.read_manifest(path)
+
+
+def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,
+                   seed: int) -> tuple[np.ndarray, dict]:
+    """The difficulty head of ``--tiers`` (:mod:`trainer.dart.tier_head`): labels on the training queries the
+    cross-encoder did not train on, then the post-hoc head on their frozen embeddings.
+
+    Raises:
+        service.tiers.CrossEncoderNotFoundError: no cross-encoder export.
+        ValueError: no training query left to label.
+    """
+    from service.tiers import CrossEncoderScorer
+    from trainer.dart.tier_head import fit_head, tier_quality
+
+    ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"
+    ce = CrossEncoderScorer(ce_dir, threads=settings.encoder_threads)
+    trained_on = set(ce.meta.get("train_query_ids") or [])
+    pick = [i for i, q in enumerate(train.ids) if q not in trained_on]
+    if not pick:
+        raise ValueError(f"every training query was used to train the cross-encoder at {ce_dir}; "
+                         "train it with --holdout-queries > 0")
+    if opts.tier_head_queries is not None and len(pick) > opts.tier_head_queries:
+        pick = sorted(np.random.default_rng(seed).choice(pick, opts.tier_head_queries, replace=False).tolist())
+    doc_ids = [d.doc_id for d in col.corpus]
+    quality = tier_quality(encoder, ce, X, [d.encoder_text() for d in col.corpus], doc_ids,
+                           [col.queries[train.ids[i]] for i in pick], train.emb[pick],
+                           [train.judgments[i] for i in pick])
+    W, report = fit_head(train.emb[pick], quality["ndcg10"], seed=seed)
+    report.update(split=opts.train_split, cross_encoder_held_out=True,
+                  labels={"query_ids": [train.ids[i] for i in pick],
+                          "ndcg10": [[round(float(v), 4) for v in row] for row in quality["ndcg10"]]})
+    return W, {"head": {"file": "difficulty_head.npy", **report},
+               "cross_encoder": {k: ce.meta.get(k) for k in ("model_name", "onnx_sha256", "max_tokens", "dataset")},
+               "rerank_depth": RERANK_DEPTH}
 
 
 def _evaluate(opts: BuildOptions, rotations: dict, X: np.ndarray, doc_ids: list[str], test: QuerySet,

@@ -93,12 +93,16 @@ def main(argv: list[str] | None = None) -> int:
                             router_crossfit_folds=args.router_crossfit_folds, capacity=not args.no_capacity,
                             cars={"rank": args.cars_rank, "prior_queries": args.cars_prior_queries} if args.cars else None,
                             stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
-                            embeddings=args.embeddings)
+                            embeddings=args.embeddings, tiers=args.tiers, cross_encoder=args.cross_encoder,
+                            tier_head_queries=args.tier_head_queries)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
             path, manifest = build_index(opts, settings, encoder)
         except DatasetFormatError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except FileNotFoundError as e:  # e.g. --tiers without a cross-encoder export
             print(f"error: {e}", file=sys.stderr)
             return 2
         except ValueError as e:  # inconsistent options, e.g. a learned rotation without training qrels
@@ -168,6 +172,13 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                    help="the policy's bar: cheapest configuration predicted to keep this share of the full-width top-10")
     b.add_argument("--embeddings", type=Path, help="corpus embeddings from `trainer encode` shards (Ray) instead of "
                                                    "encoding in this process")
+    b.add_argument("--tiers", action="store_true",
+                   help="fit the DART difficulty head that routes tier 'auto' (MIPS / MaxSim / cross-encoder); "
+                        "needs a cross-encoder export (python -m trainer.dart.cross_encoder)")
+    b.add_argument("--cross-encoder", type=Path, default=None,
+                   help="cross-encoder export for --tiers (default <home>/models/minilm-cross-encoder)")
+    b.add_argument("--tier-head-queries", type=int, default=None,
+                   help="label at most this many held-out training queries for the head (default: all)")
 
 
 if __name__ == "__main__":

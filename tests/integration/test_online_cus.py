@@ -80,8 +80,10 @@ def make_degraded_version(good: os.PathLike, home) -> str:
     }
     for meta in good_manifest["router"]["pairs"].values():
         writers[meta["file"]] = (lambda src: (lambda p: p.write_bytes(src.read_bytes())))(good / meta["file"])
-    # a dense-only copy: the lexical lane's files are not copied, so the manifest must not announce them
-    manifest = {k: v for k, v in good_manifest.items() if k not in ("files", "schema_version", "version", "lexical")}
+    # a dense-only copy: the lexical lane's and the rerank tiers' files are not copied, so the manifest must not
+    # announce them
+    manifest = {k: v for k, v in good_manifest.items()
+                if k not in ("files", "schema_version", "version", "lexical", "rerank", "tiers")}
     manifest["adapter"] = dict(manifest["adapter"], kind="degraded: PCA rotation with coordinates reversed")
     version = "99991231T000000Z-degraded"
     artifact.write_version(home / "indexes" / "scifact", version, writers, manifest)

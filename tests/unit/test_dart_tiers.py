@@ -57,3 +57,20 @@ def test_posthoc_head_learns_a_separable_rule():
     W = fit_posthoc(Q, y, epochs=200)
     assert W.shape == (3, 16)
     assert np.mean(predict_tier(W, Q) == y) > 0.95
+
+
+def test_the_served_head_learns_separable_oracle_tiers_and_reports_them():
+    from trainer.dart.tier_head import fit_head
+
+    rng = np.random.default_rng(0)
+    centers = np.eye(3, 8, dtype=np.float32) * 3
+    t_true = np.repeat(np.arange(3), 20)
+    Q = (centers[t_true] + 0.1 * rng.normal(size=(60, 8))).astype(np.float32)
+    ndcg = np.full((60, 3), 0.2)
+    ndcg[np.arange(60), t_true] = 0.9            # each query's best tier is its cluster's
+    W, rep = fit_head(Q, ndcg)
+    assert W.shape == (3, 8)
+    assert rep["oracle_counts"] == {"mips": 20, "maxsim": 20, "cross_encoder": 20}
+    assert rep["in_sample_accuracy"] == 1.0 and rep["head_routed_ndcg10"] == pytest.approx(0.9)
+    assert rep["tier_ndcg10"]["mips"] == pytest.approx((20 * 0.9 + 40 * 0.2) / 60)
+    assert predict_tier(W, Q).tolist() == t_true.tolist()

@@ -1,0 +1,176 @@
+"""DART tiered routing through the gateway (issue 5, Algorithm 1 of 000), on SciFact.
+
+A small cross-encoder is fine-tuned here from the bundled MiniLM weights (a few steps: this checks the
+plumbing, not its quality; bench/results/dart/tiers.md measures a fully trained one), a PCA version is built
+with ``--tiers`` (difficulty head fitted on held-out training queries), and the gateway serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import SCIFACT, VAR, build_home
+
+QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer risk",
+           "vitamin D deficiency and bone fractures", "microRNA regulation of cell differentiation",
+           "smoking increases the risk of lung cancer", "antibiotic resistance in hospital infections"]
+
+
+@pytest.fixture(scope="module")
+def ce_dir(tmp_path_factory):
+    from trainer.dart.cross_encoder import main
+
+    out = tmp_path_factory.mktemp("ce") / "minilm-cross-encoder"
+    rc = main(["--dataset", str(SCIFACT), "--out", str(out), "--home", str(VAR), "--max-steps", "6",
+               "--train-queries", "24", "--holdout-queries", "40", "--dev-queries", "0",
+               "--train-max-tokens", "96", "--batch-queries", "2", "--group-size", "4"])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiers_home(tmp_path_factory, encoder_dir, encoder, ce_dir):
+    home = build_home(tmp_path_factory.mktemp("tiers-home"), encoder_dir, encoder, rotation="pca",
+                      action_pairs=((64, 128),), default_pair=(64, 128), capacity=False, lexical=False,
+                      tiers=True, cross_encoder=ce_dir, tier_head_queries=16)
+    os.symlink(ce_dir, home / "models" / "minilm-cross-encoder")
+    return home
+
+
+@pytest.fixture(scope="module")
+def manifest(tiers_home):
+    from adawidth import artifact
+
+    coll = tiers_home / "indexes" / "scifact"
+    return json.loads((coll / artifact.read_live_pointer(coll) / "manifest.json").read_text())
+
+
+def _client(home, **settings):
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from service.app import create_app
+    from service.config import GatewaySettings
+
+    return TestClient(create_app(GatewaySettings(home=home, collection="scifact", redis_url=None, **settings),
+                                 CollectorRegistry()))
+
+
+@pytest.fixture(scope="module")
+def client(tiers_home):
+    with _client(tiers_home) as c:
+        yield c
+
+
+def _search(client, query, **body):
+    r = client.post("/v1/search", json={"query": query, "k": 10, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_head_is_fitted_only_on_queries_the_cross_encoder_never_saw(manifest, ce_dir):
+    ce_meta = json.loads((ce_dir / "cross_encoder.json").read_text())
+    head = manifest["tiers"]["head"]
+    assert head["queries"] == 16 and sum(head["oracle_counts"].values()) == 16
+    assert manifest["tiers"]["cross_encoder"]["onnx_sha256"] == ce_meta["onnx_sha256"]
+    assert len(ce_meta["train_query_ids"]) == 24 and head["cross_encoder_held_out"]
+    labelled = head["labels"]["query_ids"]
+    assert len(labelled) == 16 and not set(labelled) & set(ce_meta["train_query_ids"])
+    assert np.array(head["labels"]["ndcg10"]).shape == (16, 3)
+    # the oracle is the best tier per query, so routing by it is at least as good as any single tier
+    assert head["oracle_routed_ndcg10"] >= max(head["tier_ndcg10"].values())
+    assert manifest["rerank"]["text_file"] == "encoder_text.json"
+
+
+def test_each_tier_answers_and_the_trace_names_it(client, encoder):
+    from adawidth.tiers import maxsim, normalize_rows
+    from service.tiers import CrossEncoderScorer
+
+    gw = client.app.state.gw
+    version = gw.live
+    q = QUERIES[0]
+    mips = _search(client, q, tier="mips", k=50)
+    assert mips["trace"]["tier"] == "mips" and mips["trace"]["reranked"] == 0
+    assert mips["trace"]["tier_predicted"] is None and len(mips["results"]) == 50
+    cand = [h["id"] for h in mips["results"]]
+    rows = [version.doc_ids.index(i) for i in cand]
+    texts = [version.texts[r] for r in rows]
+
+    ms = _search(client, q, tier="maxsim")
+    assert ms["trace"]["tier"] == "maxsim" and ms["trace"]["reranked"] == 50 and len(ms["results"]) == 10
+    assert "rerank" in ms["trace"]["timings_seconds"]
+    # the served MaxSim order is late interaction over the encoder's token embeddings of the same 50 candidates
+    qt = normalize_rows(encoder.encode_tokens([q])[0])
+    want = maxsim(qt, [normalize_rows(t) for t in encoder.encode_tokens(texts)])
+    assert [h["id"] for h in ms["results"]] == [cand[i] for i in np.argsort(-want, kind="stable")[:10]]
+    assert np.allclose([h["score"] for h in ms["results"]], np.sort(want)[::-1][:10], atol=1e-3)
+
+    ce = _search(client, q, tier="cross_encoder")
+    assert ce["trace"]["tier"] == "cross_encoder" and ce["trace"]["reranked"] == 50
+    s = CrossEncoderScorer(gw.settings.cross_encoder_dir, threads=1).score(q, texts)
+    assert [h["id"] for h in ce["results"]] == [cand[i] for i in np.argsort(-s, kind="stable")[:10]]
+
+    # the reranking tiers only reorder the first stage's top 50
+    assert {h["id"] for h in ms["results"]} <= set(cand) and {h["id"] for h in ce["results"]} <= set(cand)
+    metrics = client.get("/metrics").text
+    for tier in ("mips", "maxsim", "cross_encoder"):
+        assert f'adawidth_search_tier_total{{tier="{tier}"}}' in metrics
+
+
+def test_auto_follows_the_trained_head(client, encoder):
+    from adawidth.tiers import TIERS, predict_tier
+
+    assert client.get("/readyz").json()["tiers"] == {"default": "mips", "difficulty_head": True,
+                                                     "document_texts": True, "cross_encoder": True}
+    version = client.app.state.gw.live
+    for q in QUERIES:
+        want = TIERS[int(predict_tier(version.tier_head, encoder.encode([q])[0]))]
+        t = _search(client, q, tier="auto")["trace"]
+        assert t["tier_predicted"] == want and t["tier"] == want
+        assert t["reranked"] == (0 if want == "mips" else 50)
+
+
+def test_auto_follows_a_head_that_uses_every_tier(tiers_home, encoder):
+    """A hand-made head W (3, D) whose argmax differs across the queries: the gateway serves each query at
+    the tier the head picks, and the default tier of the gateway can be 'auto'."""
+    from adawidth.tiers import TIERS, predict_tier
+
+    E = encoder.encode(QUERIES)
+    # rows: directions that separate the queries (their embeddings' deviations from the mean)
+    W = np.stack([E[0] - E.mean(0), E[1] - E.mean(0), E[2] - E.mean(0)]).astype(np.float32)
+    pred = [TIERS[int(p)] for p in predict_tier(W, E)]
+    assert set(pred) == set(TIERS)
+    with _client(tiers_home, default_tier="auto") as c:
+        c.app.state.gw.live.tier_head = W
+        for q, want in zip(QUERIES, pred):
+            t = _search(c, q)["trace"]            # no tier in the request: the gateway's default, auto
+            assert t["tier_predicted"] == want and t["tier"] == want
+
+
+def test_without_the_cross_encoder_auto_falls_back_and_the_explicit_tier_is_refused(tiers_home, tmp_path, encoder):
+    from adawidth.tiers import TIERS
+
+    with _client(tiers_home, cross_encoder_dir=tmp_path / "none") as c:
+        r = c.post("/v1/search", json={"query": QUERIES[0], "tier": "cross_encoder"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable"
+        D = c.app.state.gw.live.dimension
+        W = np.zeros((len(TIERS), D), np.float32)
+        W[2] = encoder.encode([QUERIES[0]])[0]       # predicts the cross-encoder for this query
+        c.app.state.gw.live.tier_head = W
+        t = _search(c, QUERIES[0], tier="auto")["trace"]
+        assert t["tier_predicted"] == "cross_encoder" and t["tier"] == "maxsim"
+
+
+def test_bad_tiers_get_clear_4xx(client, scifact_home):
+    r = client.post("/v1/search", json={"query": "x", "tier": "colbert"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_tier"
+    r = client.post("/v1/search", json={"query": "x", "tier": 2})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_tier"
+    with _client(scifact_home) as c:                 # a version built without --tiers has no head
+        r = c.post("/v1/search", json={"query": "statins", "tier": "auto"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable"
+        assert r.json()["error"]["field"] == "tier"
