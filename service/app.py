@@ -240,27 +240,32 @@ class GatewayState:
             self.registry.close()
 
 
-def check_tier(tier: str, version: IndexVersion, state: "GatewayState") -> None:
-    """Raise 409 ``tier_unavailable`` when ``tier`` cannot be served for ``version`` on this replica: 'auto'
-    needs the version's difficulty head; 'maxsim' and 'cross_encoder' need the version's encoder texts, and
-    'cross_encoder' a loaded cross-encoder export."""
+def tier_unavailable_reason(tier: str, version: IndexVersion, state: "GatewayState") -> str | None:
+    """Why ``tier`` cannot be served for ``version`` on this replica, or None when it can: 'auto' needs the
+    version's difficulty head; 'maxsim' and 'cross_encoder' (and so 'auto') need the version's encoder texts;
+    'cross_encoder' needs a loaded cross-encoder export. 'mips' always can."""
     if tier == "auto" and version.tier_head is None:
-        raise ApiError("tier_unavailable", f"index version {version.version} has no difficulty head (build it with "
-                                           "`trainer build --tiers`); use tier 'mips', 'maxsim' or 'cross_encoder'",
-                       "tier")
-    if tier in ("maxsim", "cross_encoder", "auto") and version.texts is None:
-        raise ApiError("tier_unavailable", f"index version {version.version} holds no document texts for "
-                                           "reranking (built before issue 5); use tier 'mips'", "tier")
+        return (f"index version {version.version} has no difficulty head (build it with `trainer build --tiers`); "
+                "use tier 'mips', 'maxsim' or 'cross_encoder'")
+    if tier != "mips" and version.texts is None:
+        return f"index version {version.version} holds no document texts for reranking (built before issue 5); use tier 'mips'"
     if tier == "cross_encoder" and state.cross_encoder is None:
-        raise ApiError("tier_unavailable", "this replica has no cross-encoder export "
-                                           "(python -m trainer.dart.cross_encoder)", "tier")
+        return "this replica has no cross-encoder export (python -m trainer.dart.cross_encoder)"
+    return None
+
+
+def check_tier(tier: str, version: IndexVersion, state: "GatewayState") -> None:
+    """Raise 409 ``tier_unavailable`` when :func:`tier_unavailable_reason` gives a reason."""
+    reason = tier_unavailable_reason(tier, version, state)
+    if reason is not None:
+        raise ApiError("tier_unavailable", reason, "tier")
 
 
 def available_tier(predicted: str, version: IndexVersion, state: "GatewayState") -> str:
     """The tier that serves a head prediction: ``predicted`` itself, or the nearest cheaper tier when it cannot be
     served here (a replica without the cross-encoder export); 'mips' always can."""
     for t in reversed(TIERS[:TIERS.index(predicted) + 1]):
-        if t == "mips" or (version.texts is not None and (t != "cross_encoder" or state.cross_encoder is not None)):
+        if tier_unavailable_reason(t, version, state) is None:
             return t
     return "mips"
 
@@ -532,14 +537,15 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                 return emb
 
             served, predicted, search = tier, None, embed
-            qtext = parse_query(req.query).text  # what the dense lane encodes (quote marks dropped, words kept)
+            # what the dense lane encodes (quote marks dropped, words kept); only the tiers read it here
+            qtext = parse_query(req.query).text if tier != "mips" else None
             if tier == "auto":  # Algorithm 1 of 000, lines 1-2: t̂ = argmax W_t h_q (O(3d), no qrels)
                 h_q = embed(qtext)
                 predicted = TIERS[int(predict_tier(version.tier_head, h_q))]
                 served = available_tier(predicted, version, state)
                 search = lambda _text: h_q  # noqa: E731  (encode once)
             k = req.k or settings.k_default
-            depth = max(k, RERANK_DEPTH) if served != "mips" else req.k
+            depth = max(k, RERANK_DEPTH) if served != "mips" else k
             got, emb = retrieve(version, req.query, depth, req.width, search, opts, rho=rho,
                                 pair=tuple(settings.action_pair) if settings.action_pair else None)
             out = got.outcome
@@ -560,8 +566,6 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                                           scores=[float(scores[i]) for i in order], rows=[rows[i] for i in order])
                 reranked = len(rows)
                 t_enc["rerank"] = time.perf_counter() - s
-            elif len(out.ids) > k:
-                out = dataclasses.replace(out, ids=out.ids[:k], scores=out.scores[:k], rows=out.rows[:k])
             timings = {**t_enc, **out.timings_seconds, "total": time.perf_counter() - t0}
             got = dataclasses.replace(got, outcome=out)
             return got, timings, {"tier": served, "tier_predicted": predicted, "reranked": reranked}

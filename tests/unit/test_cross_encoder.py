@@ -8,7 +8,8 @@ import pytest
 
 from service.tiers import (CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, encode_pairs,
                            pair_tokenizer, rerank_order)
-from trainer.dart.cross_encoder import RerankData, _groups, bi_encoder_candidates, split_holdout
+from trainer.dart.cross_encoder import RerankData, _groups, split_holdout
+from trainer.dart.finetune import rank
 
 
 def _tokenizer_file():
@@ -60,7 +61,7 @@ def test_bi_encoder_candidates_are_the_exact_top_depth():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 8)).astype(np.float32)
     Q = rng.normal(size=(3, 8)).astype(np.float32)
-    got = bi_encoder_candidates(Q, X, 5)
+    got = rank(Q, X, 5)
     want = np.argsort(-(Q @ X.T), axis=1)[:, :5]
     assert np.array_equal(got, want)
 

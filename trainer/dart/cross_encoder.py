@@ -44,6 +44,7 @@ from adawidth.artifact import sha256_file
 from adawidth.metrics import ndcg_at_k
 from adawidth.tiers import RERANK_DEPTH
 from service.tiers import encode_pairs, pair_tokenizer, rerank_order
+from trainer.dart.finetune import warmup_linear_decay
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +192,7 @@ def train(cfg: CrossEncoderConfig, bert, tokenizer_file: Path | str, data: Reran
     steps_per_epoch = math.ceil(len(qids) / cfg.batch_queries)
     total = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, steps_per_epoch * cfg.epochs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(1, int(cfg.warmup_frac * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / max(1, total - warm)) if s >= warm
-        else (s + 1) / warm)
+    sched = warmup_linear_decay(opt, total, cfg.warmup_frac)
     history, best, best_state, step, t0 = [], -1.0, None, 0, time.time()
     bar = tqdm(total=total, desc="cross-encoder", unit="step", disable=not progress)
     for epoch in range(1, cfg.epochs + 1):
@@ -280,14 +278,6 @@ def export_cross_encoder(model: CrossEncoderModel, tokenizer_file: Path | str, o
     return out_dir
 
 
-def bi_encoder_candidates(Q: np.ndarray, X: np.ndarray, depth: int) -> np.ndarray:
-    """(Q, depth) int64 rows of the exact full-width inner-product top ``depth`` (best first)."""
-    S = Q @ X.T
-    part = np.argpartition(-S, min(depth, S.shape[1] - 1), axis=1)[:, :depth]
-    order = np.argsort(-np.take_along_axis(S, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, 1).astype(np.int64)
-
-
 def main(argv=None) -> int:
     """``python -m trainer.dart.cross_encoder``: fine-tune, export to ONNX, and optionally evaluate on a split."""
     import argparse
@@ -296,7 +286,7 @@ def main(argv=None) -> int:
     from adawidth.beir import load_collection
     from service.encoder import OnnxEncoder
     from trainer.config import TrainerSettings
-    from trainer.dart.finetune import load_bert
+    from trainer.dart.finetune import load_bert, rank
     from trainer.embed_cache import EmbeddingCache, encode_with_cache
     from trainer.export_onnx import package_model_dir
 
@@ -344,7 +334,7 @@ def main(argv=None) -> int:
     dev_ids = held[:cfg.dev_queries]
     use = train_ids + held
     QE, _ = encode_with_cache(encoder, [col.queries[q] for q in use], cache, desc="encoding queries")
-    cand = bi_encoder_candidates(QE, X, cfg.negative_depth)
+    cand = rank(QE, X, cfg.negative_depth)
     data = RerankData(doc_texts, doc_ids, col.queries,
                       {q: [row[x] for x, g in col.qrels[q].items() if g > 0 and x in row] for q in use},
                       {q: cand[i] for i, q in enumerate(use)}, col.qrels)
@@ -364,7 +354,7 @@ def main(argv=None) -> int:
         ev = load_collection(args.dataset, args.eval_split)
         qs = sorted(ev.judged_queries())[:args.eval_queries]
         QT, _ = encode_with_cache(encoder, [ev.queries[q] for q in qs], cache, desc="encoding eval queries")
-        ct = bi_encoder_candidates(QT, X, RERANK_DEPTH)
+        ct = rank(QT, X, RERANK_DEPTH)
         scorer = CrossEncoderScorer(path, threads=settings.encoder_threads)
         bi, ce = [], []
         from tqdm.auto import tqdm

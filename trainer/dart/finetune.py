@@ -228,6 +228,13 @@ def encode_states(top: TopEncoder, states: FrozenStates, rows: Sequence[int] | N
     return out
 
 
+def warmup_linear_decay(opt, total: int, warmup_frac: float):
+    """LambdaLR: linear warm-up over ``warmup_frac`` of ``total`` steps, then linear decay to 0."""
+    warm = max(1, int(warmup_frac * total))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+
+
 def rank(Q: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
     """Exact top-k document rows by inner product, (Q, k) int64, best first."""
     S = Q @ X.T
@@ -311,9 +318,7 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
         params += list(head.parameters())
         tier_all = torch.as_tensor(np.asarray(data.train_tier, dtype=np.int64))
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(1, int(cfg.warmup_frac * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+    sched = warmup_linear_decay(opt, total, cfg.warmup_frac)
     rho_all = losses.normalized_density(data.train_counts, k_max=data.k_max)
     pos_sets = [set(p) for p in data.train_pos]
     negs = None

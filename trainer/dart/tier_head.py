@@ -46,9 +46,9 @@ def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str]
     from tqdm.auto import tqdm
 
     from service.tiers import MaxSimScorer, rerank_order
-    from trainer.dart.cross_encoder import bi_encoder_candidates
+    from trainer.dart.finetune import rank
 
-    cand = bi_encoder_candidates(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth)
+    cand = rank(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth)
     maxsim = MaxSimScorer(encoder, cache_documents=len(np.unique(cand)))
     ranks = {t: np.empty_like(cand) for t in TIERS}
     ndcg = np.zeros((len(query_texts), len(TIERS)))
