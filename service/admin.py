@@ -34,6 +34,7 @@ from adawidth import artifact
 from adawidth.router import FEATURE_NAMES
 from service.auth import require_admin
 from service.errors import ApiError
+from service.models import error_responses
 from service.registry import RegistryError, check_version_name
 
 log = logging.getLogger("service.admin")
@@ -68,7 +69,6 @@ def _api(e: RegistryError) -> ApiError:
 
 def build_admin_router(state) -> APIRouter:
     """Routes bound to a :class:`service.app.GatewayState` (its registry, versions, follower and encoder)."""
-    from service.app import error_responses
 
     router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)],
                        responses=error_responses(400, 401, 403))

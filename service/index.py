@@ -24,7 +24,7 @@ from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
 from adawidth.router import threshold_for_rate
-from service.stage1 import FaissStage1, Shortlist
+from service.stage1 import ExactStage1, FaissStage1, Shortlist
 
 
 @dataclass
@@ -135,6 +135,11 @@ class IndexVersion:
         self.lexical = lexical  # service.lexical.LexicalIndex, None for versions built without it
         self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
+        self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
+        self.recall_policy = None  # per-query confidence of policy 'recall', when calibrated
+        # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
+        self.manifest_default_policy: str | None = (manifest.get("policy") or {}).get("default") or (
+            "funnel" if funnel_policy is not None else "router" if routers else None)
 
     @property
     def size(self) -> int:
@@ -198,6 +203,45 @@ class IndexVersion:
                           stage1=stage1.attach(path, manifest, docs, sqnorm))
         version.texts, version.tier_head = _load_tiers(path, manifest, len(doc_ids))
         return version
+
+    @classmethod
+    def in_memory(cls, X_rot: np.ndarray, rotation: np.ndarray, doc_ids: list[str], *, m0: int = 64,
+                  shortlist: int = 500, routers: dict | None = None, default_pair: tuple[int, int] | None = None,
+                  default_rho: float = 0.2, funnel_policy: "FunnelPolicy | None" = None, lexical=None,
+                  backend: str = "exact", collection: str = "offline", version: str = "offline",
+                  theta: float = 0.05) -> "IndexVersion":
+        """A version held in memory, never written: what the trainer evaluates and the benchmarks time, through
+        the same :class:`engine.pipeline.Pipeline` the gateway runs.
+
+        Args:
+            X_rot: (N, D) float32 rotated documents (unit norm at D).
+            rotation: (D, D) float32 R (queries are rotated by it).
+            doc_ids: N ids.
+            m0, shortlist: stage-1 width and shortlist size C.
+            routers: action pair -> :class:`Router` (policy ``router``).
+            funnel_policy: a :class:`FunnelPolicy` (policy ``funnel``).
+            lexical: a lexical index (modes ``lexical``/``hybrid``, filters).
+            backend: ``exact`` (brute-force numpy stage 1, the reference) or ``faiss`` (an ``IndexFlatIP`` over
+                the normalised m0-prefixes, as served).
+        """
+        import faiss
+
+        X_rot = np.ascontiguousarray(X_rot, dtype=np.float32)
+        N, D = X_rot.shape
+        sq = np.einsum("ij,ij->i", X_rot[:, :m0], X_rot[:, :m0]).astype(np.float32)
+        router_meta = {"default_pair": list(default_pair) if default_pair else None, "default_rho": default_rho}
+        manifest = {"version": version, "collection": collection, "m0": m0, "shortlist": shortlist, "dimension": D,
+                    "theta": theta, "router": router_meta, "corpus": {"documents": N}}
+        if backend == "exact":
+            stage1, index = ExactStage1(X_rot, sq, m0), None
+        elif backend == "faiss":
+            index = faiss.IndexFlatIP(m0)
+            index.add(prefix_normalize(X_rot, m0))
+            stage1 = None
+        else:
+            raise ValueError(f"backend must be 'exact' or 'faiss', got {backend!r}")
+        return cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
+                   dict(routers or {}), funnel_policy, lexical, stage1=stage1)
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""

@@ -135,6 +135,42 @@ class FaissStage1:
         pass
 
 
+class ExactStage1:
+    """Brute-force numpy stage 1: the reference faiss's ``IndexFlatIP`` must equal, for offline evaluation.
+
+    Same contract as :class:`FaissStage1` (ranks by the inner product of normalised m0-prefixes; ties by the
+    lower row), computed by a matrix product over the whole corpus instead of a faiss index.
+
+    Args:
+        docs: (N, D) float32 rotated documents.
+        doc_sqnorm_m0: (N,) float32 ``||d[:m0]||^2``.
+        m0: stage-1 width.
+    """
+
+    kind = "exact"
+
+    def __init__(self, docs: np.ndarray, doc_sqnorm_m0: np.ndarray, m0: int):
+        from adawidth.prefix import prefix_normalize
+
+        self.docs, self.doc_sqnorm_m0, self.m0 = docs, doc_sqnorm_m0, int(m0)
+        self.prefixes = prefix_normalize(np.asarray(docs), self.m0)
+        self.rescore_width = int(docs.shape[1])
+
+    def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        scores = self.prefixes @ np.asarray(query_prefix, np.float32)
+        if allowed is not None:
+            scores = np.where(allowed, scores, -np.inf).astype(np.float32)
+            size = min(size, int(allowed.sum()))
+        rows = top_k(scores, size)
+        return Shortlist(rows, scores[rows].astype(np.float32), self.docs, self.doc_sqnorm_m0)
+
+    def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return FaissStage1.full(self, query, k, allowed)
+
+    def close(self) -> None:
+        pass
+
+
 def milvus_collection_name(collection: str, version: str, prefix: str = "adawidth") -> str:
     """Milvus collection holding one index version: ``<prefix>_<collection>_<version>``.
 

@@ -75,7 +75,8 @@ def test_api_error_bodies_are_safe():
 
 
 def test_parse_helpers():
-    from service.app import _bounded_int, has_lone_surrogate, is_blank
+    from engine.plan import has_lone_surrogate, is_blank
+    from service.parsing import _bounded_int
 
     assert _bounded_int("123") == 123 and _bounded_int("-7") == -7
     assert _bounded_int("9" * 19) == 10 ** 19 and _bounded_int("-" + "9" * 10_000) == -10 ** 19
@@ -84,7 +85,7 @@ def test_parse_helpers():
 
 
 def test_query_log_sampling(caplog):
-    from service.app import log_query_sample
+    from service.parsing import log_query_sample
 
     caplog.set_level("INFO", logger="service.queries")
     off = GatewaySettings()
