@@ -42,12 +42,12 @@ from service.access import principal_of
 from service.auth import require_search_key
 from service.config import GatewaySettings
 from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
-from service.index import IndexVersion
-from service.stage1 import Stage1Unavailable
+from engine.index import IndexVersion
+from engine.stage1 import Stage1Unavailable
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import STAGES, CutoverMetrics, GatewayMetrics, bounded_method
 from service.online_cus import OnlineCusMonitor
-from service.tiers import rerank_order
+from engine.scorers import rerank_order
 from adawidth.hybrid import parse_query
 from adawidth.tiers import RERANK_DEPTH, TIERS, predict_tier
 from service.versions import VersionManager, start_replica
@@ -155,12 +155,12 @@ class GatewayState:
         self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
         self.cutover_metrics = CutoverMetrics(self.metrics)
         self.encoder = None
-        self.maxsim = None  # service.tiers.MaxSimScorer once the encoder is loaded
-        self.cross_encoder = None  # service.tiers.CrossEncoderScorer when an export is present
+        self.maxsim = None  # engine.scorers.MaxSimScorer once the encoder is loaded
+        self.cross_encoder = None  # engine.scorers.CrossEncoderScorer when an export is present
         self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
                                        settings.canary_queries)
-        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (service/stage1.py)
-        self.registry = None  # service.registry.Registry, None when a version is pinned
+        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
+        self.registry = None  # engine.registry.Registry, None when a version is pinned
         self.follower = None  # service.versions.RegistryFollower
         self.load_error: str | None = None
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
@@ -177,7 +177,7 @@ class GatewayState:
     def load(self) -> None:
         """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
         failures leave the replica unready."""
-        from service.encoder import OnnxEncoder
+        from engine.encoder import OnnxEncoder
 
         s = self.settings
         try:
@@ -187,7 +187,7 @@ class GatewayState:
             log.error("gateway not ready: %s", e)
             return
         self.versions.encoder = self.encoder
-        from service.tiers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
+        from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
 
         self.maxsim = MaxSimScorer(self.encoder, s.maxsim_cache_documents)
         try:
@@ -214,7 +214,7 @@ class GatewayState:
             pinned version when this replica serves ``settings.version`` without a registry.
 
         Raises:
-            service.registry.RegistryError: the registry is unreachable.
+            engine.registry.RegistryError: the registry is unreachable.
             service.versions.VersionRefused: the registry's live version failed a check here
                 (the current version stays live).
         """

@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from adawidth import artifact
+from engine.version import store
 
-log = logging.getLogger("service.registry")
+log = logging.getLogger("engine.registry")
 
 HISTORY_LIMIT = 1000
 STATE_FILE = "REGISTRY.json"
@@ -292,7 +292,7 @@ class FileRegistry(Registry):
         if path.is_file():
             return json.loads(path.read_text(encoding="utf-8"))
         # no registry yet: adopt the legacy LIVE pointer (revision 0)
-        live = artifact.read_live_pointer(self._dir(collection))
+        live = store.read_live_pointer(self._dir(collection))
         return {"state": RegistryState(collection, live=live).as_dict(), "history": []}
 
     @staticmethod
@@ -328,10 +328,10 @@ class FileRegistry(Registry):
             new, event = _finish(state, change)
             doc = {"state": new.as_dict(), "history": (raw["history"] + [event])[-HISTORY_LIMIT:]}
             _atomic_write_json(d / STATE_FILE, doc)
-            if self.mirror_live and new.live is not None and new.live != artifact.read_live_pointer(d):
+            if self.mirror_live and new.live is not None and new.live != store.read_live_pointer(d):
                 try:
-                    artifact.write_live_pointer(d, new.live)
-                except artifact.IndexVersionError as e:  # not a complete version here: replicas refuse it too
+                    store.write_live_pointer(d, new.live)
+                except store.IndexVersionError as e:  # not a complete version here: replicas refuse it too
                     log.warning("LIVE pointer of %s not updated: %s", collection, e)
             return new
 
@@ -515,8 +515,8 @@ class RedisRegistry(Registry):
     def _mirror(self, collection: str, old: RegistryState, new: RegistryState) -> None:
         if self.mirror_root is None or new.live is None or new.live == old.live:
             return
-        with contextlib.suppress(OSError, artifact.IndexVersionError):
-            artifact.write_live_pointer(self.mirror_root / collection, new.live)
+        with contextlib.suppress(OSError, store.IndexVersionError):
+            store.write_live_pointer(self.mirror_root / collection, new.live)
 
     def report_replica(self, collection, replica, report):
         with self._errors():
