@@ -34,7 +34,7 @@ from engine.version import store
 from adawidth.router import FEATURE_NAMES
 from service.auth import require_admin
 from service.errors import ApiError
-from engine.registry import RegistryError, check_version_name
+from engine.registry.state import RegistryError, check_version_name
 
 log = logging.getLogger("service.admin")
 

@@ -39,7 +39,8 @@ from pathlib import Path
 from engine.version import store
 from adawidth.router import FEATURE_NAMES
 from engine.index import IndexVersion
-from engine.registry import Registry, RegistryState, RegistryUnavailable
+from engine.registry.base import Registry
+from engine.registry.state import RegistryState, RegistryUnavailable
 from engine.stage1 import Stage1Unavailable
 
 log = logging.getLogger("service.versions")

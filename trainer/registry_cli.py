@@ -15,7 +15,9 @@ from pathlib import Path
 
 from engine.version import store
 from adawidth.router import FEATURE_NAMES
-from engine.registry import Registry, RegistryError, RegistryUnavailable, check_version_name, open_registry
+from engine.registry import open_registry
+from engine.registry.base import Registry
+from engine.registry.state import RegistryError, RegistryUnavailable, check_version_name
 
 
 def add_commands(sub) -> None:

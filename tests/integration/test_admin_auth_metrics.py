@@ -88,7 +88,7 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
 
 def promote_in_registry(home, version):
     """Register ``version`` and make it live in the collection's file registry (what `trainer promote` does)."""
-    from engine.registry import FileRegistry
+    from engine.registry.file import FileRegistry
 
     reg = FileRegistry(home / "indexes")
     reg.publish("scifact", version, actor="test")

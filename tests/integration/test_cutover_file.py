@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from engine.version import store
-from engine.registry import FileRegistry
+from engine.registry.file import FileRegistry
 from tests.conftest import ROOT, SCIFACT, VAR, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways,
                                    trainer_cli, wait_converged)

@@ -18,7 +18,7 @@ import json
 import httpx
 import pytest
 
-from engine.registry import RedisRegistry
+from engine.registry.redis_store import RedisRegistry
 from tests.conftest import SCIFACT, VAR, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, MilvusLiteServer, RedisServer, check_offline, metric,
                                    readyz, start_gateways, trainer_cli, wait_converged)

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from engine.registry import RedisRegistry
+from engine.registry.redis_store import RedisRegistry
 from tests.conftest import SCIFACT, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, RedisServer, check_offline, metric, readyz,
                                    start_gateways, trainer_cli, wait_converged)
@@ -241,7 +241,7 @@ def test_two_publishers_race_without_losing_anything(cluster):
     from tests.conftest import ROOT
 
     url = cluster["redis"].url
-    script = ("import sys; from engine.registry import RedisRegistry as R; r = R(sys.argv[1]); w = sys.argv[2]\n"
+    script = ("import sys; from engine.registry.redis_store import RedisRegistry as R; r = R(sys.argv[1]); w = sys.argv[2]\n"
               "for i in range(60):\n"
               "    r.publish('race', f'{w}-{i:03d}', actor=w)\n"
               "    if i % 3 == 2: r.promote('race', f'{w}-{i - 1:03d}', actor=w)\n")

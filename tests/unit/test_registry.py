@@ -8,8 +8,9 @@ import multiprocessing as mp
 import pytest
 
 from engine.version import store
-from engine.registry import (FileRegistry, RegistryError, RegistryState, apply_promote, apply_publish,
-                              apply_rollback, check_version_name)
+from engine.registry.file import FileRegistry
+from engine.registry.state import (RegistryError, RegistryState, apply_promote, apply_publish, apply_rollback,
+                                   check_version_name)
 
 
 def test_publish_promote_rollback_transitions():
