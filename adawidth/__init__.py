@@ -1,8 +1,8 @@
 """adawidth: the pure library behind the adaptive-width retrieval service.
 
-Maths and the index-artifact format only: numpy (and the standard library), no
-network, no torch, no faiss. The service (``service/``) and the trainer
-(``trainer/``) do all file, network and Redis work at their edges.
+Maths only: numpy (and the standard library); no file, network or clock module, no
+torch, no faiss. Files, ONNX Runtime, faiss, BM25, Redis and Milvus live in :mod:`engine`,
+the runtime shared by the gateway (``service/``) and the trainer (``trainer/``).
 
 Glossary of array dimensions (used in every docstring of the project):
 

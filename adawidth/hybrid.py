@@ -1,7 +1,7 @@
 """Pure maths of the lexical and hybrid lanes: text normalisation, quoted-phrase constraints, rank fusion,
 metadata filters and access policy (§20.2 of 003: "where dense wins and where BM25 wins").
 
-Nothing here does I/O; the BM25 index itself (``bm25s``) lives in :mod:`service.lexical`.
+Nothing here does I/O; the BM25 index itself (``bm25s``) lives in :mod:`engine.lexical`.
 
 Declared normalisation (docs/API.md, "Exact phrases"):
 

@@ -35,7 +35,7 @@ OUT = ROOT / "bench" / "results" / "capacity"
 
 
 def run_one(dataset: Path, rotation: str, png: bool, out: Path, command: str, capacity_overrides: dict) -> dict:
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from trainer.build import BuildOptions, build_index
     from trainer.capacity_report import PLOTS, render_markdown
     from trainer.config import TrainerSettings
@@ -68,10 +68,10 @@ def run_one(dataset: Path, rotation: str, png: bool, out: Path, command: str, ca
 
 def collect_version(version_dir: Path, png: bool, out: Path, command: str) -> dict:
     """Copy the capacity report of an already built version (``python -m trainer build ...``)."""
-    from adawidth import artifact
+    from engine.version import store
     from trainer.capacity_report import PLOTS, render_markdown
 
-    manifest = artifact.verify_version(version_dir)
+    manifest = store.verify_version(version_dir)
     report = json.loads((version_dir / "capacity.json").read_text(encoding="utf-8"))
     rotation = manifest["adapter"]["kind"]
     name = f"{manifest['collection']}_{rotation}"

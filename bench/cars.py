@@ -39,9 +39,9 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from adawidth.beir import load_collection, load_qrels
+    from engine.io.beir import load_collection, load_qrels
     from adawidth.metrics import ndcg_at_k
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from trainer.cars import CarsConfig, fit_operator, make_triples, select_by_cars
     from trainer.embed_cache import EmbeddingCache, encode_with_cache
 

@@ -55,7 +55,7 @@ def paired_bootstrap_p(a: np.ndarray, b: np.ndarray, n: int = 10_000, seed: int 
 
 
 def build_data(dataset: Path, dev_fraction: float):
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     train = load_collection(dataset, "train")
     test = load_collection(dataset, "test")
     return train, test

@@ -60,7 +60,7 @@ def _data_for(col, qids, doc_ids, qrow, dev_fraction, seed):
 def run(args):
     import torch
 
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from adawidth.capacity import qrels_density
     from bench.dart import per_query_metrics
     from trainer.dart.finetune import (FinetuneConfig, TopEncoder, cached_states, encode_states, load_bert, rank,

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from adawidth.metrics import ndcg_at_k
     from adawidth.tiers import oracle_tier, predict_tier
     from trainer.dart.difficulty import fit_posthoc, tier_rankings

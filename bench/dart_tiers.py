@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-documents", type=int, default=6000, help="MaxSim cache of the warm and auto passes")
     args = ap.parse_args(argv)
 
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from adawidth.metrics import ndcg_at_k
     from adawidth.tiers import TIERS, oracle_tier
 

@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adawidth import artifact  # noqa: E402
-from adawidth.beir import load_collection  # noqa: E402
+from engine.version import store  # noqa: E402
+from engine.io.beir import load_collection  # noqa: E402
 from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
 
 
@@ -110,17 +110,17 @@ def main(argv=None) -> int:
 
     home = args.home.resolve()
     coll_dir = home / "indexes" / args.collection
-    version = artifact.read_live_pointer(coll_dir)
+    version = store.read_live_pointer(coll_dir)
     if version is None:
         print(f"no live index for {args.collection} under {home}; run `make index` first", file=sys.stderr)
         return 2
-    manifest = artifact.read_manifest(coll_dir / version)
+    manifest = store.read_manifest(coll_dir / version)
     col = load_collection(args.dataset, args.split)
     judged = col.judged_queries()
     queries = sorted(judged.items(), key=lambda kv: kv[0])
     train_cited = set()
     try:
-        from adawidth.beir import load_qrels
+        from engine.io.beir import load_qrels
 
         train_cited = {d for j in load_qrels(args.dataset, "train").values() for d, g in j.items() if g > 0}
     except Exception:  # noqa: BLE001 - a collection without a train split has no 'unseen' subset

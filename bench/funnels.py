@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth.beir import available_splits, load_collection, load_qrels
+from engine.io.beir import available_splits, load_collection, load_qrels
 from adawidth.rotation import pca_rotation
 
 
@@ -55,7 +55,7 @@ class Embedded:
 
 def load_embedded(dataset: Path, home: Path, name: str | None = None, use_train: bool = True) -> Embedded:
     """Encode a BEIR folder with the cached ONNX encoder (``home/models``, ``home/cache``)."""
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from trainer.embed_cache import EmbeddingCache, encode_with_cache
     from trainer.export_onnx import export_encoder
 

@@ -2,7 +2,7 @@
 
 For each collection an index version is built by the real trainer (PCA rotation, no adapter or router, so
 the classic collections without a training split are treated alike), loaded with
-:class:`service.index.IndexVersion`, and every judged test query is answered by
+:class:`engine.index.IndexVersion`, and every judged test query is answered by
 :func:`service.retrieval.retrieve` — the function the gateway calls — in each lane:
 
 * dense at ``width: "full"`` (the frozen encoder, exact) and at width 128 (stage 1 at 64, rescoring);
@@ -51,9 +51,9 @@ LANES = {
 
 
 def run_collection(name: str, folder: Path, encoder, home: Path, cache_path: Path) -> dict:
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from adawidth.metrics import ndcg_at_k, recall_at_k
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
     from service.retrieval import RetrievalOptions, retrieve
     from trainer.build import BuildOptions, build_index
     from trainer.config import TrainerSettings
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     encoder = OnnxEncoder(ROOT / "var" / "models" / "minilm-onnx", threads=1)
     results = []

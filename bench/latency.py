@@ -9,7 +9,7 @@ Policies (k = 10):
 * ``static funnel``: stage 1 on the normalised 64-prefix, shortlist of 500 rescored at 384 (reusing the
   stage-1 partial sums) — what Qdrant / Vespa / Milvus users build with Matryoshka prefixes;
 * ``auto``: the served policy (stage 1 at 64, LightGBM router on the stage-1 scores, shortlist rescored at
-  64 or 128; :func:`adawidth.funnel.resolve` through :meth:`service.index.IndexVersion.search`).
+  64 or 128; :func:`adawidth.funnel.resolve` through :meth:`engine.index.IndexVersion.search`).
 
 The funnel and ``auto`` run with stage 1 flat (``IndexFlatIP`` over the 64-prefixes, as built) and with an
 approximate stage 1 (``IndexIVFFlat`` over the same 64-prefixes, ``nlist = 2 sqrt(N)`` rounded to a power of
@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adawidth.beir import load_collection, load_qrels  # noqa: E402
+from engine.io.beir import load_collection, load_qrels  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
 from adawidth.prefix import prefix_normalize  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
@@ -122,7 +122,7 @@ class Corpus:
         ivf.nprobe = min(NPROBE, nlist)
         self.nlist = nlist
         del prefixes, train
-        from service.index import IndexVersion
+        from engine.index import IndexVersion
 
         self.ivf_version = IndexVersion(version.path, version.manifest, version.rotation, version.docs,
                                         version.doc_sqnorm_m0, version.doc_ids, ivf, version.routers)
@@ -349,7 +349,7 @@ def synthetic_version(scifact, n: int, seed: int):
     """An in-memory index version of ``n`` synthetic documents with SciFact's rotation, m0, shortlist and routers."""
     import faiss
 
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
 
     R = np.asarray(scifact.rotation, dtype=np.float64)
     X_raw = np.asarray(scifact.docs, dtype=np.float64) @ R  # docs.npy holds R x; R orthogonal
@@ -440,8 +440,8 @@ def main(argv=None) -> int:
 
     import faiss
 
-    from service.encoder import OnnxEncoder
-    from service.index import IndexVersion, resolve_version_path
+    from engine.encoder import OnnxEncoder
+    from engine.index import IndexVersion, resolve_version_path
     from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
     faiss.omp_set_num_threads(1)
@@ -549,7 +549,7 @@ def main(argv=None) -> int:
             "Throughput at saturation (in-process): one worker thread per core looping over the queries; faiss and "
             "numpy release the GIL in their kernels.",
             "HTTP: the gateway's `full` policy is its own exhaustive numpy scan of the memory-mapped documents "
-            "(service/index.py), not faiss; encoding (ONNX, 1 thread) dominates SciFact's HTTP latency; the gateway "
+            "(engine/index.py), not faiss; encoding (ONNX, 1 thread) dominates SciFact's HTTP latency; the gateway "
             "also re-runs 5 % of queries at full width in a background thread (online CUS), for every policy alike.",
         ],
     }

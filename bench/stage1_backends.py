@@ -1,7 +1,7 @@
 """Latency and throughput of the Milvus stage-1 backend against faiss (issue 10).
 
 For each corpus the same index version is served twice through
-:meth:`service.index.IndexVersion.search` (rotation, stage 1, routing /
+:meth:`engine.index.IndexVersion.search` (rotation, stage 1, routing /
 rescoring; the encoder is left out, it is the same for both): once with faiss in
 process (the default), once with Milvus (FLAT, metric IP; Milvus Lite in process
 and, with ``--server``, a Milvus Lite server process reached over gRPC like a
@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adawidth import artifact  # noqa: E402
+from engine.version import store  # noqa: E402
 from adawidth.prefix import prefix_normalize  # noqa: E402
 
 
@@ -66,8 +66,8 @@ def tree_rss_bytes(pid: int) -> int:
 
 def scifact_inputs(home: Path, encoder_dir: Path):
     """(version dir of a PCA SciFact version with a (64,128) router, test-query embeddings (Q, D), PCA R)."""
-    from adawidth.beir import load_collection
-    from service.encoder import OnnxEncoder
+    from engine.io.beir import load_collection
+    from engine.encoder import OnnxEncoder
     from trainer.build import BuildOptions, build_index
     from trainer.config import TrainerSettings
 
@@ -111,7 +111,7 @@ def synthetic_version(root: Path, n: int, X_fit: np.ndarray, R: np.ndarray, m0: 
     manifest = {"collection": "synthetic", "encoder": {"onnx_sha256": "synthetic"}, "dimension": D, "m0": m0,
                 "shortlist": 500, "adapter": {"kind": "pca", "sha256": f"gaussian-{n}-{seed}"}, "router": None,
                 "corpus": {"documents": n, "source": "384-d Gaussian fitted to SciFact document embeddings"}}
-    return artifact.write_version(root / "synthetic", f"n{n}", writers, manifest)
+    return store.write_version(root / "synthetic", f"n{n}", writers, manifest)
 
 
 def time_backend(version, Q: np.ndarray, width, threads: int, rounds: int = 1) -> dict:
@@ -180,11 +180,11 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 
 def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path) -> dict:
-    from service.index import IndexVersion
-    from service.stage1 import Stage1Provider
+    from engine.index import IndexVersion
+    from engine.stage1 import Stage1Provider
     from trainer.milvus_stage1 import write_version
 
-    row = {"corpus": label, "documents": artifact.read_manifest(path)["corpus"]["documents"], "width": width,
+    row = {"corpus": label, "documents": store.read_manifest(path)["corpus"]["documents"], "width": width,
            "queries": len(Q)}
     base_rss = rss_bytes()
     vf = IndexVersion.load(path)

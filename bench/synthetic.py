@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output .npy (float32, shape (n, D))")
     args = p.parse_args(argv)
 
-    from service.index import resolve_version_path
+    from engine.index import resolve_version_path
 
     path = args.version_dir or resolve_version_path(args.home / "indexes", args.collection, None)
     R = np.load(path / "rotation.npy").astype(np.float64)

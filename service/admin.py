@@ -30,12 +30,12 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.router import FEATURE_NAMES
 from service.auth import require_admin
 from service.errors import ApiError
+from engine.registry.state import RegistryError, check_version_name
 from service.models import error_responses
-from service.registry import RegistryError, check_version_name
 
 log = logging.getLogger("service.admin")
 
@@ -116,9 +116,9 @@ def build_admin_router(state) -> APIRouter:
 
         def run():
             try:
-                m = artifact.verify_version(path, encoder_sha256=state.encoder.info.onnx_sha256,
+                m = store.verify_version(path, encoder_sha256=state.encoder.info.onnx_sha256,
                                             dimension=state.encoder.dimension)
-            except artifact.IndexVersionError as e:
+            except store.IndexVersionError as e:
                 if e.code == "missing" and not path.is_dir():
                     raise ApiError("unknown_version", f"no version {body.version!r} in {s.collection!r}") from None
                 raise ApiError("version_refused", str(e)) from None
@@ -139,7 +139,7 @@ def build_admin_router(state) -> APIRouter:
         reg = need_registry()
 
         def run():
-            from service.gate import run_gate
+            from engine.gate import run_gate
             from service.versions import VersionRefused
 
             st = reg.get(s.collection)

@@ -202,8 +202,8 @@ class GatewaySettings(BaseSettings):
         })
 
     def stage1_provider(self):
-        """The :class:`service.stage1.Stage1Provider` these settings describe (call on resolved settings)."""
-        from service.stage1 import Stage1Provider
+        """The :class:`engine.stage1.Stage1Provider` these settings describe (call on resolved settings)."""
+        from engine.stage1 import Stage1Provider
 
         token = self.milvus_token.get_secret_value() if self.milvus_token else None
         return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix, self.milvus_timeout_s)

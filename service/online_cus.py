@@ -47,7 +47,7 @@ POLICIES = ("auto", "fixed")
 
 @dataclass(frozen=True)
 class _Sample:
-    version: object          # service.index.IndexVersion (immutable, kept alive by this reference)
+    version: object          # engine.index.IndexVersion (immutable, kept alive by this reference)
     embedding: np.ndarray    # (D,) float32, the encoder's unit-norm query embedding
     served_top1: str         # document id served first
     policy: str
@@ -108,7 +108,7 @@ class OnlineCusMonitor:
         """Export the baseline and the escalation target of a newly loaded version.
 
         Args:
-            version: the :class:`service.index.IndexVersion` now live.
+            version: the :class:`engine.index.IndexVersion` now live.
             target_rho: the ρ default requests are served with (settings override, else the version's).
         """
         cap = version.manifest.get("capacity") or {}

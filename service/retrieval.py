@@ -26,7 +26,7 @@ from pydantic import Field, StrictBool, StrictInt, StringConstraints
 from adawidth import hybrid
 from adawidth.prefix import top_k
 from service.errors import ApiError
-from service.index import IndexVersion, SearchOutcome
+from engine.index import IndexVersion, SearchOutcome
 
 FilterScalar = Annotated[str, StringConstraints(strict=True, max_length=256)] | StrictInt | StrictBool
 FilterValues = Annotated[

@@ -14,14 +14,14 @@ from engine.plan import Plan, PlanError, SearchSpec, resolve_plan
 from adawidth.hybrid import Principal
 from service.config import GatewaySettings
 from service.errors import ApiError
-from service.index import IndexVersion
+from engine.index import IndexVersion
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import CutoverMetrics, GatewayMetrics
 from service.online_cus import OnlineCusMonitor
 from service.parsing import log_query_sample, plan_defaults
-from service.encoder import OnnxEncoder
-from service.stage1 import Stage1Unavailable
-from service.tiers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
+from engine.encoder import OnnxEncoder
+from engine.stage1 import Stage1Unavailable
+from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
 from service.versions import VersionManager, VersionRefused, start_replica
 
 log = logging.getLogger("service")
@@ -36,12 +36,12 @@ class GatewayState:
         self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
         self.cutover_metrics = CutoverMetrics(self.metrics)
         self.encoder = None
-        self.maxsim = None  # service.tiers.MaxSimScorer once the encoder is loaded
-        self.cross_encoder = None  # service.tiers.CrossEncoderScorer when an export is present
+        self.maxsim = None  # engine.scorers.MaxSimScorer once the encoder is loaded
+        self.cross_encoder = None  # engine.scorers.CrossEncoderScorer when an export is present
         self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
                                        settings.canary_queries)
-        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (service/stage1.py)
-        self.registry = None  # service.registry.Registry, None when a version is pinned
+        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
+        self.registry = None  # engine.registry.Registry, None when a version is pinned
         self.follower = None  # service.versions.RegistryFollower
         self.load_error: str | None = None
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
@@ -92,7 +92,7 @@ class GatewayState:
             pinned version when this replica serves ``settings.version`` without a registry.
 
         Raises:
-            service.registry.RegistryError: the registry is unreachable.
+            engine.registry.RegistryError: the registry is unreachable.
             service.versions.VersionRefused: the registry's live version failed a check here
                 (the current version stays live).
         """

@@ -1,6 +1,6 @@
 """Index versions held by one gateway replica: reference counting, atomic switch, and the registry follower.
 
-:class:`VersionManager` holds every loaded :class:`~service.index.IndexVersion`
+:class:`VersionManager` holds every loaded :class:`~engine.index.IndexVersion`
 of the replica's collection with a reference count.  A request calls
 :meth:`VersionManager.acquire` once at its start and keeps the returned lease to
 its end, so it sees one version's rotation, documents, ids and routers
@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.router import FEATURE_NAMES
-from service.index import IndexVersion
-from service.registry import Registry, RegistryState, RegistryUnavailable
-from service.stage1 import Stage1Unavailable
+from engine.index import IndexVersion
+from engine.registry.base import Registry
+from engine.registry.state import RegistryState, RegistryUnavailable
+from engine.stage1 import Stage1Unavailable
 
 log = logging.getLogger("service.versions")
 
@@ -71,7 +72,7 @@ class VersionManager:
     Args:
         collection: the collection served.
         index_root: root of the versions (``<index_root>/<collection>/<version>/``).
-        encoder: the replica's :class:`service.encoder.OnnxEncoder` (hash, dimension, canaries).
+        encoder: the replica's :class:`engine.encoder.OnnxEncoder` (hash, dimension, canaries).
         metrics: :class:`service.metrics.CutoverMetrics` (or None).
         canary_queries: texts run through encode + search on every width policy before a version
             counts as warm.
@@ -90,7 +91,7 @@ class VersionManager:
         self._wanted: set[str] = set()
         self.refused: dict[str, str] = {}  # version -> refusal code (not retried until restart)
         self.on_live = None  # called with the IndexVersion after each switch (outside the lock)
-        self.stage1 = None  # service.stage1.Stage1Provider (None: faiss in process)
+        self.stage1 = None  # engine.stage1.Stage1Provider (None: faiss in process)
         self._loading = threading.Lock()
 
     # -- request side -------------------------------------------------------------------------
@@ -187,7 +188,7 @@ class VersionManager:
             if e.transient:  # the engine did not answer: not a verdict on the version; retried next reconcile
                 raise
             raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
-        except artifact.IndexVersionError as e:
+        except store.IndexVersionError as e:
             raise VersionRefused(e.code if e.code in REFUSAL_CODES else "load_error", str(e)) from e
         except Exception as e:  # a file that verifies but does not parse (e.g. a foreign faiss build)
             raise VersionRefused("load_error", f"{type(e).__name__}: {e}") from e
@@ -448,14 +449,14 @@ def start_replica(settings, manager: VersionManager, metrics=None):
     """Load the first live version and start following the registry.
 
     With ``settings.version`` set the replica is pinned to it (no registry).
-    Otherwise it opens the registry (:func:`service.registry.open_registry`),
+    Otherwise it opens the registry (:func:`engine.registry.open_registry`),
     reconciles once (falling back to the ``LIVE`` file when the registry is
     unreachable or empty) and starts the follower thread.
 
     Returns:
         ``(registry | None, follower | None, load_error | None)``.
     """
-    from service.registry import open_registry
+    from engine.registry import open_registry
 
     root, coll = Path(settings.index_root), settings.collection
     if settings.version:
@@ -469,7 +470,7 @@ def start_replica(settings, manager: VersionManager, metrics=None):
 
     def fallback() -> str | None:
         try:
-            return artifact.read_live_pointer(root / coll)
+            return store.read_live_pointer(root / coll)
         except (OSError, ValueError, KeyError):
             return None
 

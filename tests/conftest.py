@@ -33,7 +33,7 @@ def encoder_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def encoder(encoder_dir):
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     return OnnxEncoder(encoder_dir, threads=2)
 
@@ -60,10 +60,10 @@ def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
 
 @pytest.fixture(scope="session")
 def scifact_version(scifact_home):
-    from adawidth import artifact
+    from engine.version import store
 
     coll = scifact_home / "indexes" / "scifact"
-    return coll / artifact.read_live_pointer(coll)
+    return coll / store.read_live_pointer(coll)
 
 
 def free_port() -> int:

@@ -266,7 +266,7 @@ def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dic
     """
     import numpy as np
 
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
 
     loaded = {v: IndexVersion.load(p) for v, p in version_dirs.items()}
     emb = {}

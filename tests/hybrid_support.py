@@ -34,9 +34,9 @@ def write_synthetic_version(root: Path, *, n: int = 240, dim: int = 32, m0: int 
     """Write version ``root/synth/v1`` (identity rotation, flat stage 1, no router) and return its path."""
     import faiss
 
-    from adawidth import artifact
+    from engine.version import store
     from adawidth.prefix import prefix_normalize
-    from service.lexical import lexical_writers
+    from engine.lexical import lexical_writers
 
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, dim)).astype(np.float32)
@@ -58,4 +58,4 @@ def write_synthetic_version(root: Path, *, n: int = 240, dim: int = 32, m0: int 
         lw, entry = lexical_writers(texts, fields)
         writers.update(lw)
         manifest["lexical"] = entry
-    return artifact.write_version(root / "synth", "v1", writers, manifest)
+    return store.write_version(root / "synth", "v1", writers, manifest)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth import artifact, stage1_policy
-from adawidth.beir import Collection, load_collection, load_qrels, available_splits
+from adawidth import stage1_policy
+from engine.version import store
+from engine.io.beir import Collection, load_collection, load_qrels, available_splits
 from adawidth.prefix import prefix_normalize
 from adawidth.rotation import orthogonality_error, pca_rotation
 from adawidth.tiers import RERANK_DEPTH
@@ -178,10 +179,10 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     Args:
         opts: :class:`BuildOptions`.
         settings: resolved :class:`trainer.config.TrainerSettings`.
-        encoder: a :class:`service.encoder.OnnxEncoder`.
+        encoder: a :class:`engine.encoder.OnnxEncoder`.
 
     Raises:
-        adawidth.beir.DatasetFormatError: on malformed input files.
+        engine.io.beir.DatasetFormatError: on malformed input files.
         ValueError: on inconsistent options (e.g. an action pair below m0).
     """
     import faiss
@@ -210,7 +211,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     if opts.tiers and train_split is None:
         raise ValueError(f"the difficulty head (--tiers) needs training qrels ({opts.train_split!r} split not found)")
     if opts.tiers:  # fail before encoding, not after
-        from service.tiers import CrossEncoderNotFoundError
+        from engine.scorers import CrossEncoderNotFoundError
 
         ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"
         if not (Path(ce_dir) / "cross_encoder.json").is_file():
@@ -324,7 +325,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
             capacity = capacity_for_version(opts, test, X_rot, R, doc_ids, funnel, routers, name)
 
     fingerprint = corpus_fingerprint(col)
-    version = artifact.new_version_id(hashlib.sha256(
+    version = store.new_version_id(hashlib.sha256(
         (fingerprint + encoder.info.onnx_sha256 + R.astype(np.float32).tobytes().hex()[:4096]).encode()).hexdigest())
     index = faiss.IndexFlatIP(opts.m0)
     index.add(prefix_normalize(X_rot, opts.m0))
@@ -344,7 +345,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         writers["difficulty_head.npy"] = lambda p: np.save(p, tier_head.astype(np.float32))
     lexical_meta = None
     if opts.lexical:
-        from service.lexical import lexical_writers
+        from engine.lexical import lexical_writers
 
         with timer("lexical index"):
             lex_writers, lexical_meta = lexical_writers([d.encoder_text() for d in col.corpus],
@@ -391,13 +392,13 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         "build_seconds": timer.t,
     }
     coll_dir = Path(settings.index_root) / name
-    path = artifact.write_version(coll_dir, version, writers, manifest)
+    path = store.write_version(coll_dir, version, writers, manifest)
     from trainer.milvus_stage1 import write_for_settings
 
     write_for_settings(settings, path)  # stage 1 on Milvus: the version's collection exists before it is published
     live = False
     if opts.publish or opts.promote:
-        from service.registry import open_registry
+        from engine.registry import open_registry
 
         registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
         try:
@@ -408,7 +409,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
         finally:
             registry.close()
     log.info("wrote %s%s", path, " (live)" if live else " (candidate)" if opts.publish else "")
-    return path, artifact.read_manifest(path)
+    return path, store.read_manifest(path)
 
 
 def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,
@@ -417,10 +418,10 @@ def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Co
     cross-encoder did not train on, then the post-hoc head on their frozen embeddings.
 
     Raises:
-        service.tiers.CrossEncoderNotFoundError: no cross-encoder export.
+        engine.scorers.CrossEncoderNotFoundError: no cross-encoder export.
         ValueError: no training query left to label.
     """
-    from service.tiers import CrossEncoderScorer
+    from engine.scorers import CrossEncoderScorer
     from trainer.dart.tier_head import fit_head, tier_quality
 
     ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"

@@ -220,7 +220,7 @@ def plot_scaling(report: dict, path: Path) -> None:
 
 
 def file_writers(report: dict, title: str) -> dict[str, Callable[[Path], None]]:
-    """File name -> writer, for :func:`adawidth.artifact.write_version` (or any folder)."""
+    """File name -> writer, for :func:`engine.version.store.write_version` (or any folder)."""
     return {
         "capacity.json": lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=True), encoding="utf-8"),
         "capacity.md": lambda p: p.write_text(render_markdown(report, title), encoding="utf-8"),

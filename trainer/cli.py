@@ -26,7 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
-from adawidth.beir import DatasetFormatError
+from engine.io.beir import DatasetFormatError
 from trainer import registry_cli, scale_cli
 from trainer.config import TrainerSettings
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(export_encoder(settings.encoder_dir))
         return 0
     if args.command in ("build", "serve"):
-        from service.encoder import OnnxEncoder
+        from engine.encoder import OnnxEncoder
         from trainer.build import BuildOptions, build_index
         from trainer.export_onnx import export_encoder
 

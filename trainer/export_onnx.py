@@ -22,7 +22,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from adawidth.artifact import sha256_file
+from engine.version.store import sha256_file
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TOKENS = 256

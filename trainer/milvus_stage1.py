@@ -1,7 +1,7 @@
 """Write an index version's stage-1 and rescoring prefixes to Milvus (the ``milvus`` stage-1 backend).
 
 One collection per index version, named by the version
-(:func:`service.stage1.milvus_collection_name`), so publishing a new version never
+(:func:`engine.stage1.milvus_collection_name`), so publishing a new version never
 touches the collection live traffic reads, and the registry alone says which
 version is live (the gateway never follows a Milvus alias).  Fields:
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.prefix import prefix_normalize
-from service.stage1 import (META_PROPERTY, RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
+from engine.stage1 import (META_PROPERTY, RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
                             version_description)
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,10 @@ def write_version(client, version_dir: Path | str, *, prefix: str = "adawidth", 
         ``{"collection", "rows", "seconds", "written"}`` (written False when it was already there).
 
     Raises:
-        adawidth.artifact.IndexVersionError: the version does not verify.
+        engine.version.store.IndexVersionError: the version does not verify.
     """
     version_dir = Path(version_dir)
-    manifest = artifact.verify_version(version_dir)
+    manifest = store.verify_version(version_dir)
     m0, D, N = manifest["m0"], manifest["dimension"], manifest["corpus"]["documents"]
     H = int(rescore_width or D)
     name = milvus_collection_name(manifest["collection"], manifest["version"], prefix)
@@ -134,7 +134,7 @@ def drop_unlisted(client, collection: str, keep: set[str], prefix: str = "adawid
 
 def open_client(settings):
     """The trainer's Milvus client from :class:`trainer.config.TrainerSettings` (resolved)."""
-    from service.stage1 import open_milvus_client
+    from engine.stage1 import open_milvus_client
 
     return open_milvus_client(settings.milvus_uri, settings.milvus_token)
 

@@ -4,7 +4,7 @@
 
 1. **encode**: ``read_json(corpus.jsonl[.gz])`` -> BEIR's encoder text
    ``(title + " " + text).strip()`` -> an actor pool of ONNX encoders (the
-   gateway's :class:`service.encoder.OnnxEncoder`, same tokenizer, truncation and
+   gateway's :class:`engine.encoder.OnnxEncoder`, same tokenizer, truncation and
    pooling) -> parquet shards of ``doc_id`` (string) and ``embedding`` ((D,) float32,
    unit norm);
 2. **rotate** (after the builder has fixed R): the shards -> ``R @ x`` per row ->
@@ -57,7 +57,7 @@ def _corpus_file(dataset: Path) -> Path:
 
 
 def _encoder_text(batch: dict) -> dict:
-    from adawidth.beir import Document
+    from engine.io.beir import Document
 
     titles = batch["title"] if "title" in batch else [""] * len(batch["_id"])
     return {"doc_id": np.array([str(i) for i in batch["_id"]], dtype=object),
@@ -69,7 +69,7 @@ class _Encode:
     """Ray Data actor: one ONNX encoder per actor, reused across batches."""
 
     def __init__(self, encoder_dir: str, threads: int, batch_size: int):
-        from service.encoder import OnnxEncoder
+        from engine.encoder import OnnxEncoder
 
         self.encoder = OnnxEncoder(encoder_dir, threads=threads, prefer_gpu=False, spin=False)
         self.batch_size = batch_size

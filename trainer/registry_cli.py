@@ -13,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.router import FEATURE_NAMES
-from service.registry import Registry, RegistryError, RegistryUnavailable, check_version_name, open_registry
+from engine.registry import open_registry
+from engine.registry.base import Registry
+from engine.registry.state import RegistryError, RegistryUnavailable, check_version_name
 
 
 def add_commands(sub) -> None:
@@ -49,10 +51,10 @@ COMMANDS = ("list", "publish", "promote", "rollback", "status")
 
 def _verify(coll_dir: Path, version: str, encoder_sha256: str | None) -> dict:
     check_version_name(version)
-    m = artifact.verify_version(coll_dir / version, encoder_sha256=encoder_sha256)
+    m = store.verify_version(coll_dir / version, encoder_sha256=encoder_sha256)
     names = (m.get("router") or {}).get("feature_names")
     if (m.get("router") or {}).get("pairs") and list(names or ()) != list(FEATURE_NAMES):
-        raise artifact.IndexVersionError("schema", f"router feature names {names} differ from {list(FEATURE_NAMES)}")
+        raise store.IndexVersionError("schema", f"router feature names {names} differ from {list(FEATURE_NAMES)}")
     return m
 
 
@@ -69,7 +71,7 @@ def run(args, settings) -> int:
     except RegistryUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except (RegistryError, artifact.IndexVersionError) as e:
+    except (RegistryError, store.IndexVersionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -82,7 +84,7 @@ def _run(args, settings, registry: Registry) -> int:
     actor = f"trainer {args.command}"
     if args.command == "list":
         st = registry.get(coll)
-        for v in artifact.list_versions(coll_dir):
+        for v in store.list_versions(coll_dir):
             mark = "*" if v == st.live else "p" if v == st.previous else "c" if v in st.candidates else " "
             print(f"{mark} {v}")
         return 0
@@ -144,12 +146,12 @@ def _promote(args, settings, registry: Registry, coll: str, coll_dir: Path, acto
 
 
 def _gate(settings, coll_dir: Path, live: str, candidate: str) -> dict | None:
-    from service.gate import load_gate_config, run_gate
+    from engine.gate import load_gate_config, run_gate
 
     if load_gate_config(coll_dir) is None:
         return None
-    from service.encoder import OnnxEncoder
-    from service.index import IndexVersion
+    from engine.encoder import OnnxEncoder
+    from engine.index import IndexVersion
 
     encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
     return run_gate(coll_dir, IndexVersion.load(coll_dir / live), IndexVersion.load(coll_dir / candidate), encoder)

@@ -40,7 +40,7 @@ def run(args, settings) -> int:
                             actors=args.actors, encoder_threads=args.encoder_threads, limit=args.limit)
         print(json.dumps(out))
         return 0
-    from adawidth import artifact
+    from engine.version import store
     from trainer.milvus_stage1 import drop_unlisted, open_client, write_version
 
     client = open_client(settings)
@@ -49,11 +49,11 @@ def run(args, settings) -> int:
             try:
                 print(json.dumps(write_version(client, Path(settings.index_root) / args.collection / args.version,
                                                prefix=settings.milvus_prefix)))
-            except artifact.IndexVersionError as e:
+            except store.IndexVersionError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
             return 0
-        from service.registry import open_registry
+        from engine.registry import open_registry
 
         registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
         try:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.capacity import REGIME_CODE
 
 log = logging.getLogger("trainer.serve")
@@ -129,22 +129,22 @@ class TrainerDaemon:
         self._failed_fingerprint: str | None = None
 
     def live_manifest(self) -> dict | None:
-        version = artifact.read_live_pointer(self.coll_dir)
+        version = store.read_live_pointer(self.coll_dir)
         if version is None:
             return None
         try:
-            return artifact.read_manifest(self.coll_dir / version)
-        except artifact.IndexVersionError as e:
+            return store.read_manifest(self.coll_dir / version)
+        except store.IndexVersionError as e:
             log.error("live version unreadable: %s", e)
             return None
 
     def built_fingerprints(self) -> set[str]:
         """Dataset fingerprints of every complete version of the collection (live or not)."""
         out = set()
-        for v in artifact.list_versions(self.coll_dir):
+        for v in store.list_versions(self.coll_dir):
             try:
-                fp = artifact.read_manifest(self.coll_dir / v).get("corpus", {}).get("dataset_fingerprint")
-            except artifact.IndexVersionError:
+                fp = store.read_manifest(self.coll_dir / v).get("corpus", {}).get("dataset_fingerprint")
+            except store.IndexVersionError:
                 continue
             if fp:
                 out.add(fp)

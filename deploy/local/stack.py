@@ -115,14 +115,14 @@ class Stack:
         return r
 
     def newest_version(self) -> str | None:
-        from adawidth import artifact
+        from engine.version import store
 
         coll = self.home / "indexes" / self.collection
         good = []
-        for v in artifact.list_versions(coll):
+        for v in store.list_versions(coll):
             try:
-                artifact.read_manifest(coll / v)
-            except artifact.IndexVersionError:
+                store.read_manifest(coll / v)
+            except store.IndexVersionError:
                 continue
             good.append(v)
         return max(good) if good else None

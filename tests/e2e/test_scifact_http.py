@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from adawidth.beir import load_collection
+from engine.io.beir import load_collection
 from adawidth.metrics import per_query
 from adawidth.prefix import exact_prefix_search
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from adawidth import artifact
+from engine.version import store
 from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post, wait_until
 
 pytestmark = pytest.mark.integration
@@ -71,24 +71,24 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
     coll.mkdir(parents=True)
     v1 = scifact_version.name
     shutil.copytree(scifact_version, coll / v1)
-    artifact.write_live_pointer(coll, v1)
+    store.write_live_pointer(coll, v1)
     (home / "models").mkdir()
     (home / "models" / "minilm-onnx").symlink_to(encoder_dir)
 
     def new_version(name: str):
-        manifest = json.loads((coll / v1 / artifact.MANIFEST).read_text())
+        manifest = json.loads((coll / v1 / store.MANIFEST).read_text())
         files = list(manifest.pop("files"))
         for key in ("version", "schema_version"):
             manifest.pop(key)
         writers = {f: (lambda path, f=f: shutil.copyfile(coll / v1 / f, path)) for f in files}
-        return artifact.write_version(coll, name, writers, manifest)
+        return store.write_version(coll, name, writers, manifest)
 
     return home, coll, v1, new_version
 
 
 def promote_in_registry(home, version):
     """Register ``version`` and make it live in the collection's file registry (what `trainer promote` does)."""
-    from service.registry import FileRegistry
+    from engine.registry.file import FileRegistry
 
     reg = FileRegistry(home / "indexes")
     reg.publish("scifact", version, actor="test")
@@ -140,7 +140,7 @@ def test_failed_reload_keeps_the_current_version(make_gateway, two_versions):
         r = client.post("/admin/reload", headers=ADMIN)
         assert r.status_code == 409 and r.json()["error"]["code"] == "reload_failed"
         assert "checksum" in r.json()["error"]["message"]
-        (coll / artifact.LIVE_POINTER).write_text(json.dumps({"version": "no-such-version"}))
+        (coll / store.LIVE_POINTER).write_text(json.dumps({"version": "no-such-version"}))
         r = client.post("/admin/reload", headers=ADMIN)
         assert r.status_code == 409 and r.json()["error"]["code"] == "reload_failed"
         r = post(client, {"query": Q})

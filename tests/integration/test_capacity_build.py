@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from adawidth import artifact
+from engine.version import store
 from tests.conftest import ROOT, VAR
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_scifact_version_carries_its_capacity_report(scifact_version):
-    manifest = artifact.verify_version(scifact_version)  # the report files are checksummed like the rest
+    manifest = store.verify_version(scifact_version)  # the report files are checksummed like the rest
     for name in ("capacity.json", "capacity.md", "capacity_cliff.png", "capacity_cus.png", "capacity_scaling.png"):
         assert name in manifest["files"]
     for png in ("capacity_cliff.png", "capacity_cus.png", "capacity_scaling.png"):

@@ -11,8 +11,8 @@ import sys
 import httpx
 import pytest
 
-from adawidth import artifact
-from service.registry import FileRegistry
+from engine.version import store
+from engine.registry.file import FileRegistry
 from tests.conftest import ROOT, SCIFACT, VAR, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways,
                                    trainer_cli, wait_converged)
@@ -57,7 +57,7 @@ def gateway(file_home):
 
 @pytest.fixture(scope="module")
 def queries():
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
 
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:30]
@@ -65,7 +65,7 @@ def queries():
 
 def test_file_registry_promote_and_rollback_under_load(file_home, gateway, queries, scifact_version, pca_version,
                                                         encoder_dir):
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     v1, v2 = scifact_version.name, pca_version.name
     coll = file_home / "indexes" / "scifact"
@@ -79,7 +79,7 @@ def test_file_registry_promote_and_rollback_under_load(file_home, gateway, queri
     r = trainer_cli(file_home, None, "promote", "scifact", v2, "--require-warm", "1", "--wait-s", "120")
     assert r.returncode == 0, r.stderr
     promoted = reg.get("scifact")
-    assert (promoted.live, promoted.previous) == (v2, v1) and artifact.read_live_pointer(coll) == v2
+    assert (promoted.live, promoted.previous) == (v2, v1) and store.read_live_pointer(coll) == v2
     t_promote = wait_converged([gateway], v2, since=promoted.updated_at)
     n = load.count
     load.wait_for(n + 300)
@@ -87,7 +87,7 @@ def test_file_registry_promote_and_rollback_under_load(file_home, gateway, queri
                    headers={"X-API-Key": ADMIN_KEY})
     assert r.status_code == 200, r.text
     rolled = r.json()["state"]
-    assert rolled["live"] == v1 and artifact.read_live_pointer(coll) == v1
+    assert rolled["live"] == v1 and store.read_live_pointer(coll) == v1
     t_rollback = wait_converged([gateway], v1, since=rolled["updated_at"])
     load.wait_for(max(800, load.count + 200))
     load.stop()
@@ -167,8 +167,8 @@ def build_home(tmp_path, scifact_version, encoder_dir):
 
 def _snapshot(home):
     coll = home / "indexes" / "scifact"
-    return (artifact.list_versions(coll), FileRegistry(home / "indexes").get("scifact"),
-            artifact.read_live_pointer(coll))
+    return (store.list_versions(coll), FileRegistry(home / "indexes").get("scifact"),
+            store.read_live_pointer(coll))
 
 
 def test_build_that_fails_while_writing_leaves_nothing(build_home, encoder_dir, encoder, monkeypatch):
@@ -195,7 +195,7 @@ CRASHING_BUILD = """
 import os, signal, sys
 from pathlib import Path
 import numpy as np
-from service.encoder import OnnxEncoder
+from engine.encoder import OnnxEncoder
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 
@@ -236,7 +236,7 @@ def test_a_version_held_by_a_request_is_unloaded_only_after_it_ends(tmp_path, sc
                                                                     encoder_dir):
     from prometheus_client import CollectorRegistry
 
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from service.metrics import CutoverMetrics, GatewayMetrics
     from service.versions import VersionManager
 

@@ -18,7 +18,7 @@ import json
 import httpx
 import pytest
 
-from service.registry import RedisRegistry
+from engine.registry.redis_store import RedisRegistry
 from tests.conftest import SCIFACT, VAR, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, MilvusLiteServer, RedisServer, check_offline, metric,
                                    readyz, start_gateways, trainer_cli, wait_converged)
@@ -45,7 +45,7 @@ def identity_version(tmp_path_factory, encoder_dir, encoder):
 
 @pytest.fixture(scope="module")
 def queries():
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
 
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:N_QUERIES]
@@ -81,7 +81,7 @@ def cluster(tmp_path_factory, pca_version, identity_version, encoder_dir):
 
 @pytest.fixture(scope="module")
 def local_encoder(encoder_dir):
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     return OnnxEncoder(encoder_dir, threads=1, spin=False)
 
@@ -89,7 +89,7 @@ def local_encoder(encoder_dir):
 def test_promote_and_rollback_under_load_with_stage1_on_milvus(cluster, queries, local_encoder):
     from pymilvus import MilvusClient
 
-    from service.stage1 import milvus_collection_name
+    from engine.stage1 import milvus_collection_name
 
     gws, reg, v1, v2, env = cluster["gateways"], cluster["registry"], cluster["v1"], cluster["v2"], cluster["env"]
     home, redis_url = cluster["home"], cluster["redis"].url

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from service.registry import RedisRegistry
+from engine.registry.redis_store import RedisRegistry
 from tests.conftest import SCIFACT, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, RedisServer, check_offline, metric, readyz,
                                    start_gateways, trainer_cli, wait_converged)
@@ -26,7 +26,7 @@ N_QUERIES = 50
 
 @pytest.fixture(scope="module")
 def queries():
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
 
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:N_QUERIES]
@@ -57,7 +57,7 @@ def cluster(tmp_path_factory, scifact_version, pca_version, encoder_dir):
 @pytest.fixture(scope="module")
 def local_encoder(encoder_dir):
     """The encoder configured as the gateways run it (one intra-op thread), for bit-equal query embeddings."""
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     return OnnxEncoder(encoder_dir, threads=1, spin=False)
 
@@ -217,10 +217,10 @@ def test_corrupted_version_is_refused_and_live_traffic_untouched(cluster, querie
 
 def test_replica_started_while_redis_is_down_serves_the_live_file(cluster, queries):
     """Cold start without the registry: the LIVE file (mirrored by promotions) is served, degraded."""
-    from adawidth import artifact
+    from engine.version import store
     from tests.conftest import free_port
 
-    live = artifact.read_live_pointer(cluster["home"] / "indexes" / "scifact")
+    live = store.read_live_pointer(cluster["home"] / "indexes" / "scifact")
     assert live == cluster["v1"]
     (gw,) = start_gateways(cluster["home"], f"redis://127.0.0.1:{free_port()}/0", ["cold"])
     try:
@@ -241,7 +241,7 @@ def test_two_publishers_race_without_losing_anything(cluster):
     from tests.conftest import ROOT
 
     url = cluster["redis"].url
-    script = ("import sys; from service.registry import RedisRegistry as R; r = R(sys.argv[1]); w = sys.argv[2]\n"
+    script = ("import sys; from engine.registry.redis_store import RedisRegistry as R; r = R(sys.argv[1]); w = sys.argv[2]\n"
               "for i in range(60):\n"
               "    r.publish('race', f'{w}-{i:03d}', actor=w)\n"
               "    if i % 3 == 2: r.promote('race', f'{w}-{i - 1:03d}', actor=w)\n")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from adawidth.beir import load_collection
+from engine.io.beir import load_collection
 from adawidth.metrics import ndcg_at_k
 from adawidth.tiers import oracle_tier
 from trainer.dart.difficulty import tier_rankings
@@ -126,7 +126,7 @@ def _tiny_beir(folder, n_queries=40, n_docs=300):
 
 def test_finetuned_encoder_exports_to_onnx_and_builds_a_new_version(model, tmp_path):
     """The merged model exported to ONNX encodes like torch; a build with it records the new encoder."""
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from trainer.build import BuildOptions, build_index
     from trainer.config import TrainerSettings
     from trainer.dart.export import export_finetuned

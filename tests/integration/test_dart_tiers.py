@@ -43,10 +43,10 @@ def tiers_home(tmp_path_factory, encoder_dir, encoder, ce_dir):
 
 @pytest.fixture(scope="module")
 def manifest(tiers_home):
-    from adawidth import artifact
+    from engine.version import store
 
     coll = tiers_home / "indexes" / "scifact"
-    return json.loads((coll / artifact.read_live_pointer(coll) / "manifest.json").read_text())
+    return json.loads((coll / store.read_live_pointer(coll) / "manifest.json").read_text())
 
 
 def _client(home, **settings):
@@ -88,7 +88,7 @@ def test_the_head_is_fitted_only_on_queries_the_cross_encoder_never_saw(manifest
 
 def test_each_tier_answers_and_the_trace_names_it(client, encoder):
     from adawidth.tiers import maxsim, normalize_rows
-    from service.tiers import CrossEncoderScorer
+    from engine.scorers import CrossEncoderScorer
 
     gw = client.app.state.gw
     version = gw.live

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adawidth.artifact import SCHEMA_VERSION, verify_version
-from service.index import IndexVersion
+from engine.version.store import SCHEMA_VERSION, verify_version
+from engine.index import IndexVersion
 
 pytestmark = pytest.mark.integration
 

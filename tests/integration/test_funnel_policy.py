@@ -25,10 +25,10 @@ def funnel_home(tmp_path_factory, encoder_dir, encoder):
 
 @pytest.fixture(scope="module")
 def funnel_manifest(funnel_home):
-    from adawidth import artifact
+    from engine.version import store
 
     coll = funnel_home / "indexes" / "scifact"
-    return json.loads((coll / artifact.read_live_pointer(coll) / "manifest.json").read_text())
+    return json.loads((coll / store.read_live_pointer(coll) / "manifest.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_the_build_records_the_policy_and_its_quality_on_unseen_test_queries(fun
 
 def test_auto_is_served_by_the_funnel_policy_and_the_trace_counts_its_work(client, funnel_home, encoder):
     from adawidth import stage1_policy as sp
-    from service.index import IndexVersion, resolve_version_path
+    from engine.index import IndexVersion, resolve_version_path
 
     version = IndexVersion.load(resolve_version_path(funnel_home / "indexes", "scifact", None))
     fp = version.funnel_policy
@@ -102,8 +102,8 @@ def test_work_per_stage_is_a_prometheus_histogram(client):
 def test_a_version_whose_policy_features_differ_is_refused(funnel_home, tmp_path):
     import shutil
 
-    from adawidth import artifact
-    from service.index import IndexVersion, resolve_version_path
+    from engine.version import store
+    from engine.index import IndexVersion, resolve_version_path
 
     src = resolve_version_path(funnel_home / "indexes", "scifact", None)
     bad = tmp_path / src.name
@@ -111,7 +111,7 @@ def test_a_version_whose_policy_features_differ_is_refused(funnel_home, tmp_path
     m = json.loads((bad / "manifest.json").read_text())
     m["stage1_policy"]["feature_names"] = list(reversed(m["stage1_policy"]["feature_names"]))
     (bad / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(artifact.IndexVersionError) as e:
+    with pytest.raises(store.IndexVersionError) as e:
         IndexVersion.load(bad)
     assert e.value.code == "schema"  # not a checksum failure: the manifest itself is not hashed
 

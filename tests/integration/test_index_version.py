@@ -5,8 +5,8 @@ import shutil
 import numpy as np
 import pytest
 
-from adawidth.artifact import IndexVersionError, read_manifest
-from service.index import IndexVersion
+from engine.version.store import IndexVersionError, read_manifest
+from engine.index import IndexVersion
 
 pytestmark = pytest.mark.integration
 

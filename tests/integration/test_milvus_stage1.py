@@ -46,7 +46,7 @@ def test_same_top_k_allows_ties_only():
 
 @pytest.fixture(scope="module")
 def test_queries(encoder):
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
 
     col = load_collection(SCIFACT, "test")
     ids = sorted(col.judged_queries())
@@ -55,8 +55,8 @@ def test_queries(encoder):
 
 @pytest.fixture(scope="module")
 def both_backends(pca_version, tmp_path_factory):
-    from service.index import IndexVersion
-    from service.stage1 import Stage1Provider
+    from engine.index import IndexVersion
+    from engine.stage1 import Stage1Provider
     from trainer.milvus_stage1 import write_version
 
     provider = Stage1Provider("milvus", str(tmp_path_factory.mktemp("milvus") / "milvus.db"))

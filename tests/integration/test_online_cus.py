@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from adawidth import artifact
-from adawidth.beir import load_collection
+from engine.version import store
+from engine.io.beir import load_collection
 from adawidth.prefix import prefix_normalize
 from adawidth.rotation import pca_rotation
 from service.app import create_app
@@ -63,7 +63,7 @@ def test_a_full_queue_drops_and_never_blocks():
 
 def make_degraded_version(good: os.PathLike, home) -> str:
     """Copy ``good`` into ``home`` with the scrambling rotation J·PCA; returns the new version id."""
-    good_manifest = artifact.read_manifest(good)
+    good_manifest = store.read_manifest(good)
     R_good = np.load(os.path.join(good, "rotation.npy")).astype(np.float64)
     X = np.load(os.path.join(good, "docs.npy")).astype(np.float64) @ R_good  # the frozen embeddings back
     R = np.ascontiguousarray(pca_rotation(X)[::-1]).astype(np.float32)
@@ -86,7 +86,7 @@ def make_degraded_version(good: os.PathLike, home) -> str:
                 if k not in ("files", "schema_version", "version", "lexical", "rerank", "tiers")}
     manifest["adapter"] = dict(manifest["adapter"], kind="degraded: PCA rotation with coordinates reversed")
     version = "99991231T000000Z-degraded"
-    artifact.write_version(home / "indexes" / "scifact", version, writers, manifest)
+    store.write_version(home / "indexes" / "scifact", version, writers, manifest)
     return version
 
 

@@ -2,7 +2,7 @@
 
 A local Ray with one CPU and a 100 MiB object store encodes the first 160
 SciFact documents into parquet shards; every embedding must have cosine >= 0.9999
-with the single-process path (the :class:`service.encoder.OnnxEncoder` the
+with the single-process path (the :class:`engine.encoder.OnnxEncoder` the
 builder's :func:`trainer.embed_cache.encode_with_cache` calls), the rotation pass
 must equal ``X @ R.T``, the builder's reader must refuse incomplete shards, and
 ``build_index(embeddings=shards)`` must index the shards' vectors without encoding.
@@ -32,9 +32,9 @@ def ray_local():
 
 
 def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_local, encoder_dir):
-    from adawidth.beir import load_corpus
+    from engine.io.beir import load_corpus
     from adawidth.rotation import pca_rotation
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
     from trainer.ray_encode import encode_corpus, read_shards, rotate_shards
 
     out = encode_corpus(SCIFACT, tmp_path / "emb", encoder_dir, num_cpus=1, rows_per_task=64, limit=SUBSET)

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from adawidth import artifact
+from engine.version import store
 
 
 def _writers():
@@ -14,15 +14,15 @@ MANIFEST = {"encoder": {"onnx_sha256": "abc"}, "dimension": 4, "collection": "c"
 
 
 def test_write_verify_and_live_pointer(tmp_path):
-    path = artifact.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
-    m = artifact.verify_version(path, encoder_sha256="abc", dimension=4)
+    path = store.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
+    m = store.verify_version(path, encoder_sha256="abc", dimension=4)
     assert m["version"] == "v1" and set(m["files"]) == {"a.npy", "b.json"}
-    assert m["schema_version"] == artifact.SCHEMA_VERSION
-    artifact.write_live_pointer(tmp_path / "c", "v1")
-    assert artifact.read_live_pointer(tmp_path / "c") == "v1"
-    assert artifact.list_versions(tmp_path / "c") == ["v1"]
+    assert m["schema_version"] == store.SCHEMA_VERSION
+    store.write_live_pointer(tmp_path / "c", "v1")
+    assert store.read_live_pointer(tmp_path / "c") == "v1"
+    assert store.list_versions(tmp_path / "c") == ["v1"]
     with pytest.raises(FileExistsError):
-        artifact.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
+        store.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
 
 
 @pytest.mark.parametrize("damage,code", [
@@ -32,20 +32,20 @@ def test_write_verify_and_live_pointer(tmp_path):
     (lambda p: (p / "manifest.json").write_text("{"), "schema"),
 ])
 def test_refuses_damaged_versions(tmp_path, damage, code):
-    path = artifact.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
+    path = store.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
     damage(path)
-    with pytest.raises(artifact.IndexVersionError) as e:
-        artifact.verify_version(path)
+    with pytest.raises(store.IndexVersionError) as e:
+        store.verify_version(path)
     assert e.value.code == code
 
 
 def test_refuses_encoder_and_dimension_mismatch(tmp_path):
-    path = artifact.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
-    with pytest.raises(artifact.IndexVersionError) as e:
-        artifact.verify_version(path, encoder_sha256="other")
+    path = store.write_version(tmp_path / "c", "v1", _writers(), MANIFEST)
+    with pytest.raises(store.IndexVersionError) as e:
+        store.verify_version(path, encoder_sha256="other")
     assert e.value.code == "encoder_mismatch"
-    with pytest.raises(artifact.IndexVersionError) as e:
-        artifact.verify_version(path, dimension=8)
+    with pytest.raises(store.IndexVersionError) as e:
+        store.verify_version(path, dimension=8)
     assert e.value.code == "dimension_mismatch"
 
 
@@ -55,11 +55,11 @@ def test_crash_mid_build_leaves_no_visible_version(tmp_path):
         raise RuntimeError("crash while writing")
 
     with pytest.raises(RuntimeError):
-        artifact.write_version(tmp_path / "c", "v2", {"a.npy": lambda p: np.save(p, 1), "x": boom}, MANIFEST)
+        store.write_version(tmp_path / "c", "v2", {"a.npy": lambda p: np.save(p, 1), "x": boom}, MANIFEST)
     assert list((tmp_path / "c").iterdir()) == []
-    assert artifact.list_versions(tmp_path / "c") == []
-    with pytest.raises(artifact.IndexVersionError):
-        artifact.write_live_pointer(tmp_path / "c", "v2")
+    assert store.list_versions(tmp_path / "c") == []
+    with pytest.raises(store.IndexVersionError):
+        store.write_live_pointer(tmp_path / "c", "v2")
 
 
 def test_manifest_is_written_last(tmp_path, monkeypatch):
@@ -70,6 +70,6 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
         seen.append(sorted(x.name for x in p.parent.iterdir()))
         p.write_text("x")
 
-    artifact.write_version(tmp_path / "c", "v3", {"f1": spy, "f2": spy}, MANIFEST)
+    store.write_version(tmp_path / "c", "v3", {"f1": spy, "f2": spy}, MANIFEST)
     assert all("manifest.json" not in names for names in seen)
     assert json.loads((tmp_path / "c" / "v3" / "manifest.json").read_text())["version"] == "v3"

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from adawidth.beir import DatasetFormatError, load_collection, load_corpus, load_qrels, load_queries
+from engine.io.beir import DatasetFormatError, load_collection, load_corpus, load_qrels, load_queries
 
 ROOT = Path(__file__).resolve().parents[2]
 SCIFACT = ROOT / "data" / "scifact"

@@ -1,4 +1,4 @@
-"""The cross-encoder tier's pieces (trainer.dart.cross_encoder, service.tiers) on hand-made inputs, and the
+"""The cross-encoder tier's pieces (trainer.dart.cross_encoder, engine.scorers) on hand-made inputs, and the
 ONNX export's parity with torch on the real MiniLM body."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.tiers import (CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, encode_pairs,
+from engine.scorers import (CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, encode_pairs,
                            pair_tokenizer, rerank_order)
 from trainer.dart.cross_encoder import RerankData, _groups, split_holdout
 from trainer.dart.finetune import rank

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from adawidth import hybrid
 from adawidth.prefix import prefix_normalize, top_k
 from service.errors import ApiError
-from service.index import IndexVersion
+from engine.index import IndexVersion
 from service.retrieval import RetrievalOptions, retrieve
 from tests.hybrid_support import GROUPS, TENANTS, WORDS, synthetic_corpus, write_synthetic_version
 
@@ -187,13 +187,13 @@ def test_unknown_filter_field_is_refused(version):
 
 
 def test_lexical_files_are_checksummed(version, tmp_path):
-    from adawidth import artifact
+    from engine.version import store
 
     path = write_synthetic_version(tmp_path, n=30, dim=DIM)
-    manifest = artifact.verify_version(path)
+    manifest = store.verify_version(path)
     assert {"bm25_data.npy", "bm25_vocab.json", "doc_text.json", "doc_fields.json"} <= set(manifest["files"])
     (path / "doc_fields.json").write_text("[]")
-    with pytest.raises(artifact.IndexVersionError) as e:
+    with pytest.raises(store.IndexVersionError) as e:
         IndexVersion.load(path)
     assert e.value.code == "checksum"
 

@@ -7,9 +7,10 @@ import multiprocessing as mp
 
 import pytest
 
-from adawidth import artifact
-from service.registry import (FileRegistry, RegistryError, RegistryState, apply_promote, apply_publish,
-                              apply_rollback, check_version_name)
+from engine.version import store
+from engine.registry.file import FileRegistry
+from engine.registry.state import (RegistryError, RegistryState, apply_promote, apply_publish, apply_rollback,
+                                   check_version_name)
 
 
 def test_publish_promote_rollback_transitions():
@@ -44,21 +45,21 @@ def test_refused_transitions_have_codes(call, code):
 
 
 def _version(coll, name):
-    artifact.write_version(coll, name, {"x.bin": lambda p: p.write_bytes(b"x")}, {"collection": "c"})
+    store.write_version(coll, name, {"x.bin": lambda p: p.write_bytes(b"x")}, {"collection": "c"})
 
 
 def test_file_registry_keeps_live_pointer_and_history(tmp_path):
     coll = tmp_path / "c"
     for v in ("v1", "v2"):
         _version(coll, v)
-    artifact.write_live_pointer(coll, "v1")
+    store.write_live_pointer(coll, "v1")
     reg = FileRegistry(tmp_path)
     assert reg.get("c").live == "v1" and reg.get("c").revision == 0  # adopts the legacy LIVE pointer
     reg.publish("c", "v2", actor="t")
     s = reg.promote("c", "v2")
-    assert (s.live, s.previous, s.revision) == ("v2", "v1", 2) and artifact.read_live_pointer(coll) == "v2"
+    assert (s.live, s.previous, s.revision) == ("v2", "v1", 2) and store.read_live_pointer(coll) == "v2"
     s = reg.rollback("c", reason="r")
-    assert s.live == "v1" and artifact.read_live_pointer(coll) == "v1"
+    assert s.live == "v1" and store.read_live_pointer(coll) == "v1"
     hist = reg.history("c")
     assert [(e["revision"], e["action"]) for e in hist] == [(1, "publish"), (2, "promote"), (3, "rollback")]
     assert hist[0]["actor"] == "t" and json.loads((coll / "REGISTRY.json").read_text())["state"]["revision"] == 3

@@ -1,6 +1,6 @@
 """Stage-1 backends on a synthetic index version: Milvus Lite (in process) against faiss, and the refusals.
 
-The version is written with :func:`adawidth.artifact.write_version` exactly like
+The version is written with :func:`engine.version.store.write_version` exactly like
 the trainer's (rotated unit-norm documents, normalised m0-prefix faiss index), so
 the Milvus writer and the gateway's loader run on real files.  No router here:
 the routed policy is covered on SciFact in ``tests/integration/test_milvus_stage1.py``.
@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from adawidth import artifact
+from engine.version import store
 from adawidth.prefix import exact_prefix_search, prefix_normalize
 
 
@@ -38,12 +38,12 @@ def _synthetic_version(root, name="v1", seed=0):
     manifest = {"collection": "synth", "encoder": {"onnx_sha256": "x"}, "dimension": D, "m0": M0, "shortlist": 100,
                 "adapter": {"kind": "identity", "sha256": f"sha-{seed}"}, "router": None,
                 "corpus": {"documents": N}}
-    return artifact.write_version(root / "synth", name, writers, manifest), X
+    return store.write_version(root / "synth", name, writers, manifest), X
 
 
 @pytest.fixture
 def milvus(tmp_path):
-    from service.stage1 import Stage1Provider
+    from engine.stage1 import Stage1Provider
 
     provider = Stage1Provider("milvus", str(tmp_path / "milvus.db"))
     yield provider
@@ -51,7 +51,7 @@ def milvus(tmp_path):
 
 
 def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, milvus):
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
     from trainer.milvus_stage1 import write_version
 
     path, X = _synthetic_version(tmp_path)
@@ -76,7 +76,7 @@ def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, mil
 
 
 def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, milvus):
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
     from trainer.milvus_stage1 import write_version
 
     path, X = _synthetic_version(tmp_path)
@@ -91,8 +91,8 @@ def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, mil
 
 
 def test_gateway_refuses_a_version_without_or_with_a_foreign_milvus_collection(tmp_path, milvus):
-    from service.index import IndexVersion
-    from service.stage1 import Stage1Unavailable, milvus_collection_name
+    from engine.index import IndexVersion
+    from engine.stage1 import Stage1Unavailable, milvus_collection_name
     from trainer.milvus_stage1 import write_version
 
     path, _ = _synthetic_version(tmp_path)
@@ -109,7 +109,7 @@ def test_gateway_refuses_a_version_without_or_with_a_foreign_milvus_collection(t
 
 
 def test_collection_names_are_valid_and_distinct():
-    from service.stage1 import milvus_collection_name
+    from engine.stage1 import milvus_collection_name
 
     a = milvus_collection_name("scifact", "20261130T063214Z-fc31887d")
     assert a == "adawidth_scifact_20261130T063214Z_fc31887d"
@@ -123,7 +123,7 @@ def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
     """The online CUS full-width top-1 comes from the version's backend (Milvus scans there, not docs.npy)."""
     from prometheus_client import CollectorRegistry
 
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
     from service.online_cus import OnlineCusMonitor, _Sample
     from trainer.milvus_stage1 import write_version
 
@@ -140,7 +140,7 @@ def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
 
 def test_allowed_sets_restrict_both_backends_alike(tmp_path, milvus):
     """A filter (allowed rows) is applied before the top-k by faiss (ID selector) and Milvus (expression) alike."""
-    from service.index import IndexVersion
+    from engine.index import IndexVersion
     from trainer.milvus_stage1 import write_version
 
     path, X = _synthetic_version(tmp_path)

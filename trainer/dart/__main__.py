@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from trainer.config import TrainerSettings
     from trainer.dart.export import export_finetuned
     from trainer.dart.finetune import FinetuneConfig, TrainData, cached_states, load_bert, merge_into, split_dev, train
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     out = export_finetuned(merge_into(bert, top), args.out, tag=f"{args.objective}-seed{args.seed}", report=report)
     result = {"encoder_dir": str(out), "best_dev_ndcg10": report["best_dev_ndcg10"]}
     if args.build:
-        from service.encoder import OnnxEncoder
+        from engine.encoder import OnnxEncoder
         from trainer.build import BuildOptions, build_index
 
         settings = settings.model_copy(update={"encoder_dir": out})

@@ -18,7 +18,7 @@ No package on the registries ships a cross-encoder with its weights, so the trai
   is, and the head would learn to over-route to it). Their ids are written into ``cross_encoder.json``.
 
 The export is an ONNX graph with inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64, (B, L))
-and output ``score`` (float32, (B,)); :class:`service.tiers.CrossEncoderScorer` serves it without torch.
+and output ``score`` (float32, (B,)); :class:`engine.scorers.CrossEncoderScorer` serves it without torch.
 
 CPU defaults (documented in docs/METHOD.md): 128 training tokens, groups of 8, 4 queries a step, two epochs
 (about 15 minutes on 2 cores for SciFact); ``--train-max-tokens 256 --epochs 4`` is the GPU setting.
@@ -40,10 +40,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from adawidth.artifact import sha256_file
+from engine.version.store import sha256_file
 from adawidth.metrics import ndcg_at_k
 from adawidth.tiers import RERANK_DEPTH
-from service.tiers import encode_pairs, pair_tokenizer, rerank_order
+from engine.scorers import encode_pairs, pair_tokenizer, rerank_order
 from trainer.dart.finetune import warmup_linear_decay
 
 log = logging.getLogger(__name__)
@@ -283,8 +283,8 @@ def main(argv=None) -> int:
     import argparse
     import os
 
-    from adawidth.beir import load_collection
-    from service.encoder import OnnxEncoder
+    from engine.io.beir import load_collection
+    from engine.encoder import OnnxEncoder
     from trainer.config import TrainerSettings
     from trainer.dart.finetune import load_bert, rank
     from trainer.embed_cache import EmbeddingCache, encode_with_cache
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     result = {"out": str(path), "steps": report["steps"], "seconds": round(report["seconds"], 1),
               "dev_ndcg10": report["best_dev_ndcg10"], "dev_bi_encoder_ndcg10": base}
     if args.eval_split:
-        from service.tiers import CrossEncoderScorer
+        from engine.scorers import CrossEncoderScorer
 
         ev = load_collection(args.dataset, args.eval_split)
         qs = sorted(ev.judged_queries())[:args.eval_queries]

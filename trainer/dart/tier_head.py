@@ -6,7 +6,7 @@ Labels (documented in docs/METHOD.md, "DART tiers"):
 * the candidates of a query are the frozen bi-encoder's exact full-width top 50 (``RERANK_DEPTH``);
 * the three tiers rank them: ``mips`` keeps the bi-encoder's order, ``maxsim`` reorders by late interaction over
   the served encoder's token embeddings, ``cross_encoder`` by the fine-tuned cross-encoder's score (the same
-  :mod:`service.tiers` scorers the gateway runs);
+  :mod:`engine.scorers` scorers the gateway runs);
 * t* is the cheapest tier whose NDCG@10 is best (:func:`adawidth.tiers.oracle_tier`, exact ties go to the cheaper
   tier, so a query every tier answers equally well is labelled ``mips``);
 * only training queries the cross-encoder was **not** trained on are labelled (its export lists them): on its own
@@ -35,8 +35,8 @@ def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str]
     """NDCG@10 of each tier on each query, and the rankings behind it.
 
     Args:
-        encoder: :class:`service.encoder.OnnxEncoder` (token embeddings for MaxSim).
-        cross_encoder: :class:`service.tiers.CrossEncoderScorer`.
+        encoder: :class:`engine.encoder.OnnxEncoder` (token embeddings for MaxSim).
+        cross_encoder: :class:`engine.scorers.CrossEncoderScorer`.
         X: (N, D) float32 unit document embeddings; Q: (B, D) float32 unit query embeddings.
         doc_texts, doc_ids: N encoder texts and ids; query_texts: B texts; judgments: B qrels dicts.
 
@@ -45,7 +45,7 @@ def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str]
     """
     from tqdm.auto import tqdm
 
-    from service.tiers import MaxSimScorer, rerank_order
+    from engine.scorers import MaxSimScorer, rerank_order
     from trainer.dart.finetune import rank
 
     cand = rank(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth)

@@ -48,10 +48,10 @@ def phrase_query(text: str) -> str:
 
 
 def main() -> None:
-    from adawidth.beir import load_collection
+    from engine.io.beir import load_collection
     from trainer.build import BuildOptions, build_index
     from trainer.config import TrainerSettings
-    from service.encoder import OnnxEncoder
+    from engine.encoder import OnnxEncoder
 
     home = Path(tempfile.mkdtemp(prefix="frozen-home-"))
     enc_dir = ROOT / "var" / "models" / "minilm-onnx"

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from adawidth.tiers import maxsim, normalize_rows
-from service.encoder import onnx_session
+from engine.encoder import onnx_session
 
 
 class CrossEncoderNotFoundError(FileNotFoundError):
@@ -102,7 +102,7 @@ class MaxSimScorer:
     """Late interaction over the served encoder's token embeddings, with an LRU cache of document matrices.
 
     Args:
-        encoder: a :class:`service.encoder.OnnxEncoder` (its ``token_embeddings`` output).
+        encoder: a :class:`engine.encoder.OnnxEncoder` (its ``token_embeddings`` output).
         cache_documents: documents whose (L, D) float16 token matrices are kept (0 disables the cache); at 256
             tokens × 384 dimensions a document takes 192 KiB, so 2048 documents take about 384 MiB.
     """

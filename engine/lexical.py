@@ -1,7 +1,7 @@
 """The lexical side of an index version: a BM25 index (``bm25s``), the normalised document texts for
 exact-phrase checks, and the keyword fields for filters and access control.
 
-Files (all listed with their sha256 in the manifest, so :func:`adawidth.artifact.verify_version` checks
+Files (all listed with their sha256 in the manifest, so :func:`engine.version.store.verify_version` checks
 them; a version without them still loads and serves ``mode: "dense"``):
 
 =====================  =====================================================================
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import hybrid
-from adawidth.artifact import IndexVersionError
+from engine.version.store import IndexVersionError
 
 ANALYZER = "nfkc-casefold-\\w+-v1"
 """Name of the declared analyzer (:func:`adawidth.hybrid.analyze`); stored in the manifest."""
@@ -55,7 +55,7 @@ def lexical_writers(texts: Sequence[str], fields: Sequence[dict],
 
     Args:
         texts: N document texts (title + " " + text, the encoder's text).
-        fields: N mappings of extra corpus fields (:attr:`adawidth.beir.Document.fields`); keyword
+        fields: N mappings of extra corpus fields (:attr:`engine.io.beir.Document.fields`); keyword
             values are kept (:func:`adawidth.hybrid.keyword_values`).
         params: BM25 parameters.
 
@@ -103,7 +103,7 @@ class LexicalIndex:
         """The lexical side of a verified version, or None when the version has none (built before it).
 
         Raises:
-            adawidth.artifact.IndexVersionError: ``schema`` for an unknown analyzer or inconsistent files.
+            engine.version.store.IndexVersionError: ``schema`` for an unknown analyzer or inconsistent files.
         """
         import bm25s
 

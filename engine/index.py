@@ -3,7 +3,7 @@
 :meth:`IndexVersion.load` verifies the manifest's checksums and the encoder
 and dimension it was built with before reading anything else; documents are
 memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through
-stage 1 (a :class:`service.stage1.Stage1Backend`: faiss in process by default,
+stage 1 (a :class:`engine.stage1.Stage1Backend`: faiss in process by default,
 or Milvus) and :func:`adawidth.funnel.resolve`, which routes and rescores the
 shortlist here whatever the backend.
 """
@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from adawidth import artifact, stage1_policy
+from adawidth import stage1_policy
+from engine.version import store
 from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
 from adawidth.router import threshold_for_rate
-from service.stage1 import ExactStage1, FaissStage1, Shortlist
+from engine.stage1 import ExactStage1, FaissStage1, Shortlist
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _load_tiers(path: Path, manifest: dict, n_docs: int) -> tuple[list[str] | No
     (``manifest["tiers"]["head"]["file"]``, shape (T, D)) of a version, each None when it was built without them.
 
     Raises:
-        adawidth.artifact.IndexVersionError: a file whose shape disagrees with the manifest.
+        engine.version.store.IndexVersionError: a file whose shape disagrees with the manifest.
     """
     from adawidth.tiers import TIERS
 
@@ -99,17 +100,17 @@ def _load_tiers(path: Path, manifest: dict, n_docs: int) -> tuple[list[str] | No
     if rerank.get("text_file"):
         texts = json.loads((path / rerank["text_file"]).read_text(encoding="utf-8"))
         if not isinstance(texts, list) or len(texts) != n_docs:
-            raise artifact.IndexVersionError("schema", f"{rerank['text_file']} does not hold {n_docs} texts")
+            raise store.IndexVersionError("schema", f"{rerank['text_file']} does not hold {n_docs} texts")
     meta = (manifest.get("tiers") or {}).get("head")
     if meta:
         head = np.load(path / meta["file"]).astype(np.float32)
         if head.shape != (len(TIERS), manifest["dimension"]) or list(meta.get("classes", TIERS)) != list(TIERS):
-            raise artifact.IndexVersionError("schema", f"{meta['file']} is not a ({len(TIERS)}, D) head over {TIERS}")
+            raise store.IndexVersionError("schema", f"{meta['file']} is not a ({len(TIERS)}, D) head over {TIERS}")
     return texts, head
 
 
 class IndexVersion:
-    """One immutable, loaded version (see :mod:`adawidth.artifact` for the files)."""
+    """One immutable, loaded version (see :mod:`engine.version.store` for the files)."""
 
     def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
                  doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
@@ -132,7 +133,7 @@ class IndexVersion:
         r = manifest.get("router") or {}
         self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
         self.default_rho: float = r.get("default_rho", 0.2)
-        self.lexical = lexical  # service.lexical.LexicalIndex, None for versions built without it
+        self.lexical = lexical  # engine.lexical.LexicalIndex, None for versions built without it
         self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
         self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
@@ -151,28 +152,28 @@ class IndexVersion:
         """Verify and load a version directory.
 
         Args:
-            stage1: a :class:`service.stage1.Stage1Provider` (None: faiss in process from ``stage1.faiss``).
+            stage1: a :class:`engine.stage1.Stage1Provider` (None: faiss in process from ``stage1.faiss``).
 
         Raises:
-            adawidth.artifact.IndexVersionError: missing manifest, bad checksum,
+            engine.version.store.IndexVersionError: missing manifest, bad checksum,
                 encoder or dimension mismatch.
-            service.stage1.Stage1Unavailable: the provider cannot serve this version (e.g. no Milvus collection).
+            engine.stage1.Stage1Unavailable: the provider cannot serve this version (e.g. no Milvus collection).
         """
         import faiss
         import lightgbm as lgb
 
         path = Path(path)
-        manifest = artifact.verify_version(path, encoder_sha256=encoder_sha256, dimension=dimension)
+        manifest = store.verify_version(path, encoder_sha256=encoder_sha256, dimension=dimension)
         docs = np.load(path / "docs.npy", mmap_mode="r")
         doc_ids = json.loads((path / "doc_ids.json").read_text(encoding="utf-8"))
         if docs.shape != (len(doc_ids), manifest["dimension"]):
-            raise artifact.IndexVersionError("dimension_mismatch", f"docs.npy has shape {docs.shape}")
+            raise store.IndexVersionError("dimension_mismatch", f"docs.npy has shape {docs.shape}")
         routers = {}
         for meta in (manifest.get("router") or {}).get("pairs", {}).values():
             pair = tuple(meta["action_pair"])
             booster = lgb.Booster(model_file=str(path / meta["file"]))
             if booster.feature_name() != manifest["router"]["feature_names"]:
-                raise artifact.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
+                raise store.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
             routers[pair] = Router(pair, booster, np.asarray(meta["calibration_predictions"], dtype=np.float64))
         sqnorm = np.load(path / "doc_sqnorm_m0.npy")
         in_process = stage1 is None or stage1.kind == "faiss"
@@ -183,7 +184,7 @@ class IndexVersion:
         if meta and in_process:
             booster = lgb.Booster(model_file=str(path / meta["file"]))
             if booster.feature_name() != list(meta["feature_names"]) or meta["block"] != stage1_policy.BLOCK:
-                raise artifact.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
+                raise store.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
             policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
                                   BlockedCorpus(np.asarray(docs), meta["block"]))
         rotation = np.load(path / "rotation.npy")
@@ -192,7 +193,7 @@ class IndexVersion:
             # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
             # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
             rotation = (rotation.astype(np.float64) @ np.load(path / manifest["cars"]["query_map_file"])).astype(np.float32)
-        from service.lexical import LexicalIndex
+        from engine.lexical import LexicalIndex
 
         lexical = LexicalIndex.load(path, manifest)
         if in_process:
@@ -354,14 +355,14 @@ def resolve_version_path(index_root: Path, collection: str, version: str | None)
     """The directory of ``version``, or of the collection's LIVE version when None.
 
     Raises:
-        adawidth.artifact.IndexVersionError: ``missing`` when there is no such version or no LIVE pointer.
+        engine.version.store.IndexVersionError: ``missing`` when there is no such version or no LIVE pointer.
     """
     coll = Path(index_root) / collection
-    version = version or artifact.read_live_pointer(coll)
+    version = version or store.read_live_pointer(coll)
     if version is None:
-        raise artifact.IndexVersionError("missing", f"collection {collection!r} under {index_root} has no live version "
+        raise store.IndexVersionError("missing", f"collection {collection!r} under {index_root} has no live version "
                                                     f"(build one: python -m trainer build --dataset ...)")
     path = coll / version
     if not path.is_dir():
-        raise artifact.IndexVersionError("missing", f"no version {version!r} in {coll}")
+        raise store.IndexVersionError("missing", f"no version {version!r} in {coll}")
     return path

@@ -14,7 +14,7 @@ Without labels (``split`` null: every query of ``queries.jsonl``, up to
 mean top-10 overlap ``|top10_c ∩ top10_live| / 10`` is below ``1 - overlap_margin``
 or the top-1 agreement rate is below ``1 - top1_margin`` (live agrees with
 itself at 1.0, so the margins are how much worse than live is tolerated).
-Both versions answer through :meth:`service.index.IndexVersion.search` at the
+Both versions answer through :meth:`engine.index.IndexVersion.search` at the
 configured width policy, on the same query embeddings.
 """
 
@@ -71,8 +71,8 @@ class HeldOut:
 
 
 def held_out_queries(cfg: GateConfig) -> HeldOut:
-    """Read the gate's queries (and labels).  Raises :class:`adawidth.beir.DatasetFormatError`."""
-    from adawidth.beir import load_qrels, load_queries
+    """Read the gate's queries (and labels).  Raises :class:`engine.io.beir.DatasetFormatError`."""
+    from engine.io.beir import load_qrels, load_queries
 
     queries = load_queries(cfg.dataset)
     qrels = load_qrels(cfg.dataset, cfg.split) if cfg.split else {}
@@ -86,7 +86,7 @@ def evaluate_gate(cfg: GateConfig, live, candidate, embeddings: np.ndarray, held
 
     Args:
         cfg: the gate.
-        live, candidate: loaded :class:`service.index.IndexVersion` objects.
+        live, candidate: loaded :class:`engine.index.IndexVersion` objects.
         embeddings: unit-norm query embeddings, float32, shape (n, D), in ``held.ids`` order.
         held: the held-out queries.
 
@@ -133,7 +133,7 @@ def run_gate(collection_dir: Path | str, live, candidate, encoder) -> dict | Non
     """Load the collection's gate and evaluate it (None when no gate is configured).
 
     Raises:
-        ValueError / adawidth.beir.DatasetFormatError: invalid gate configuration or query files.
+        ValueError / engine.io.beir.DatasetFormatError: invalid gate configuration or query files.
     """
     cfg = load_gate_config(collection_dir)
     if cfg is None:
