@@ -137,7 +137,8 @@ class IndexVersion:
         self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
         self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
-        self.recall_policy = None  # per-query confidence of policy 'recall', when calibrated
+        self.recall_policy = None  # engine.recall.RecallPolicy: per-query confidence of policy 'recall'
+        self.level_threads = 1  # kernel threads of one query's level scan (the gateway sets it from N and cores)
         # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
         self.manifest_default_policy: str | None = (manifest.get("policy") or {}).get("default") or (
             "funnel" if funnel_policy is not None else "router" if routers else None)
@@ -210,7 +211,7 @@ class IndexVersion:
                   shortlist: int = 500, routers: dict | None = None, default_pair: tuple[int, int] | None = None,
                   default_rho: float = 0.2, funnel_policy: "FunnelPolicy | None" = None, lexical=None,
                   backend: str = "exact", collection: str = "offline", version: str = "offline",
-                  theta: float = 0.05) -> "IndexVersion":
+                  theta: float = 0.05, levels=None, recall_policy=None, level_threads: int = 1) -> "IndexVersion":
         """A version held in memory, never written: what the trainer evaluates and the benchmarks time, through
         the same :class:`engine.pipeline.Pipeline` the gateway runs.
 
@@ -222,6 +223,9 @@ class IndexVersion:
             routers: action pair -> :class:`Router` (policy ``router``).
             funnel_policy: a :class:`FunnelPolicy` (policy ``funnel``).
             lexical: a lexical index (modes ``lexical``/``hybrid``, filters).
+            levels: an :class:`adawidth.levels.LevelStore` of ``X_rot`` (policies ``exact`` and ``recall``).
+            recall_policy: an :class:`engine.recall.RecallPolicy` (policy ``recall``).
+            level_threads: kernel threads of one query's level scan.
             backend: ``exact`` (brute-force numpy stage 1, the reference) or ``faiss`` (an ``IndexFlatIP`` over
                 the normalised m0-prefixes, as served).
         """
@@ -241,8 +245,12 @@ class IndexVersion:
             stage1 = None
         else:
             raise ValueError(f"backend must be 'exact' or 'faiss', got {backend!r}")
-        return cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
-                   dict(routers or {}), funnel_policy, lexical, stage1=stage1)
+        v = cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
+                dict(routers or {}), funnel_policy, lexical, stage1=stage1)
+        v.levels, v.recall_policy, v.level_threads = levels, recall_policy, int(level_threads)
+        if levels is not None and recall_policy is not None:
+            v.manifest_default_policy = "recall"
+        return v
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""

@@ -57,6 +57,15 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out.work["rescore"] = int(len(rows) * (cfg.rescore_width - cfg.m1))
         out.trace.update(escalated=False)
         return out
+    if plan.policy in ("exact", "recall") and c.state is not None:  # finish the level scan
+        from adawidth import levels
+
+        res = levels.finish(c.state, bound=c.trace["bound"], z=c.trace["confidence"])
+        out = c.ranked(res.rows, res.scores.astype(np.float64), version.dimension)
+        out.work["rescore"] = int(res.coordinates - c.state.coordinates)
+        out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=bool(res.certified),
+                         alive_per_level=[int(x) for x in res.alive_per_level])
+        return out
     if plan.policy == "exact" and c.state is None:  # exhaustive stage 1 already ranked at full width
         c.trace.update(width=version.dimension, escalated=False, router_score=None)
         c.work.setdefault("rescore", 0)

@@ -42,5 +42,8 @@ def route(plan: Plan, version, c: Candidates) -> Candidates:
         c.trace.update(router_score=float(pred[j]), stage1_width=cfg.m1, width=cfg.rescore_width,
                        shortlist=min(max(cfg.shortlist, plan.depth), N))
     elif plan.policy == "recall":
-        c.trace["confidence"] = version.recall_policy.choose(c.state, plan.recall_target)
+        bound, z = version.recall_policy.choose(c.state.evidence, plan.recall_target)
+        c.trace.update(bound=bound, confidence=z)
+    elif plan.policy == "exact" and c.state is not None:
+        c.trace.update(bound="exact", confidence=None)
     return c

@@ -64,6 +64,15 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         c.work["stage1"] = N * version.dimension
         c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
         return c
+    if plan.policy in ("exact", "recall"):
+        from adawidth import levels
+
+        state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads)
+        c.state = state
+        c.width = version.levels.layout.bounds[1]
+        c.work["stage1"] = int(state.coordinates)
+        c.trace.update(policy=plan.policy, stage1_width=c.width, shortlist=int(state.scanned))
+        return c
     if plan.policy == "funnel":
         fp = version.funnel_policy
         feats, state = stage1_policy.evidence(fp.corpus, query, version.theta)
