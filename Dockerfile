@@ -35,6 +35,7 @@ RUN apt-get update \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY adawidth ./adawidth
+COPY adawidth_client ./adawidth_client
 COPY service ./service
 COPY trainer ./trainer
 

@@ -12,11 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from adawidth_client import Client, NotReadyError, ServerExited
 
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT / "data" / "scifact"
@@ -82,19 +82,14 @@ def gateway_url(scifact_home):
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited: {(scifact_home / 'gateway.log').read_text()[-2000:]}")
+    with Client(url) as client:
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
+            client.wait_ready(120, alive=lambda: proc.poll() is None)
+        except ServerExited:
+            raise RuntimeError(f"gateway exited: {(scifact_home / 'gateway.log').read_text()[-2000:]}") from None
+        except NotReadyError:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise TimeoutError("gateway not ready in 120 s")
-        time.sleep(0.3)
+            raise
     yield url
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
