@@ -36,6 +36,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY adawidth ./adawidth
 COPY engine ./engine
+COPY adawidth_client ./adawidth_client
 COPY service ./service
 COPY trainer ./trainer
 

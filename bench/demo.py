@@ -1,15 +1,17 @@
 """The main job's demo: serve the live SciFact index over HTTP, send every test query, print the quality table.
 
-Usage (what ``make demo`` runs after building the index)::
+Usage (what ``make demo`` runs after building the index; ``make demo-full`` the same on the adapter build)::
 
     python bench/demo.py --home var --collection scifact --dataset data/scifact
 
 Starts the gateway as a child process on a free port (or ``--port``), waits
-for ``/readyz``, sends the judged test queries once per policy, stops the
-gateway, prints the table and writes ``bench/results/<collection>_demo.{json,md}``.
-The ``auto`` rows and all latencies come from the HTTP responses; the
-``exact`` rows (exhaustive search at one width, by rotation) come from the
-build's offline evaluation stored in the index manifest.
+for ``/readyz`` (``adawidth_client.Client.wait_ready``), sends the judged test
+queries once per policy through the Python client, stops the gateway, prints
+the table and writes ``bench/results/<collection>_demo.{json,md}``.  The HTTP
+rows and all latencies come from the HTTP responses; the ``exact`` rows
+(exhaustive search at one width, by rotation) come from the build's offline
+evaluation stored in the index manifest.  The policies are the list
+:func:`http_policies` returns: a new one is one more :class:`Policy`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from engine.version import store  # noqa: E402
 from engine.io.beir import load_collection  # noqa: E402
 from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
+from adawidth_client import Client  # noqa: E402
 
 
 def free_port() -> int:
@@ -50,34 +53,35 @@ def start_gateway(home: Path, collection: str, port: int, log_path: Path) -> sub
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with code {proc.returncode}")
-        try:
-            r = httpx.get(f"{base}/readyz", timeout=2.0)
-            if r.status_code == 200:
-                return r.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"gateway not ready after {timeout_s} s")
+    """Wait for the gateway started by :func:`start_gateway` (the client's readiness wait; stops if it exits)."""
+    with Client(base) as client:
+        return client.wait_ready(timeout_s, alive=lambda: proc.poll() is None)
 
 
-def run_policy(client: httpx.Client, base: str, queries: list[tuple[str, str]], width, rho=None, k: int = 100) -> dict:
-    """Send every query once; returns rankings, traces and client-side latencies (seconds)."""
+@dataclass(frozen=True)
+class Policy:
+    """One HTTP row of the table: a label and the request fields beside ``query`` and ``k``."""
+
+    label: str
+    fields: dict = field(default_factory=dict)
+
+
+def http_policies(rhos: list[float]) -> list[Policy]:
+    """The policies the demo sends every query with (in table order)."""
+    return ([Policy("full (exact, 384)", {"width": "full"})]
+            + [Policy(f"funnel {w}", {"width": w}) for w in (64, 128, 384)]
+            + [Policy(f"auto rho={r:g}", {"width": "auto", "rho": r}) for r in rhos])
+
+
+def run_policy(client: Client, queries: list[tuple[str, str]], fields: dict, k: int = 100) -> dict:
+    """Send every query once through the client; returns rankings, traces and client-side latencies (seconds)."""
     rankings, traces, lat = {}, [], []
     for qid, text in queries:
-        body = {"query": text, "k": k, "width": width}
-        if rho is not None:
-            body["rho"] = rho
         t = time.perf_counter()
-        r = client.post(f"{base}/v1/search", json=body)
+        res = client.search(text, k=k, **fields)
         lat.append(time.perf_counter() - t)
-        r.raise_for_status()
-        data = r.json()
-        rankings[qid] = [h["id"] for h in data["results"]]
-        traces.append(data["trace"])
+        rankings[qid] = res.ids
+        traces.append(res.trace)
     return {"rankings": rankings, "traces": traces, "latency_s": np.array(lat)}
 
 
@@ -86,14 +90,14 @@ def summarize(label: str, out: dict, qrels: dict, unseen: set[str]) -> dict:
     nd = np.array([ndcg_at_k(out["rankings"][q], qrels[q], 10) for q in ids])
     rc = np.array([recall_at_k(out["rankings"][q], qrels[q], 100) for q in ids])
     un = np.array([q in unseen for q in ids])
-    widths = np.array([t["width"] for t in out["traces"]])
+    widths = np.array([t.width for t in out["traces"]])
     return {"policy": label, "ndcg@10": float(nd.mean()), "recall@100": float(rc.mean()),
             "ndcg@10_unseen": float(nd[un].mean()) if un.any() else None,
-            "mean_width": float(widths.mean()), "escalation_rate": float(np.mean([t["escalated"] for t in out["traces"]])),
-            "coordinates_per_query": float(np.mean([t["coordinates_scored"] for t in out["traces"]])),
+            "mean_width": float(widths.mean()), "escalation_rate": float(np.mean([t.escalated for t in out["traces"]])),
+            "coordinates_per_query": float(np.mean([t.coordinates_scored for t in out["traces"]])),
             "p50_ms": float(np.percentile(out["latency_s"], 50) * 1e3),
             "p95_ms": float(np.percentile(out["latency_s"], 95) * 1e3),
-            "server_p50_ms": float(np.percentile([t["timings_seconds"]["total"] for t in out["traces"]], 50) * 1e3),
+            "server_p50_ms": float(np.percentile([t.timings_seconds["total"] for t in out["traces"]], 50) * 1e3),
             "source": "HTTP"}
 
 
@@ -135,21 +139,19 @@ def main(argv=None) -> int:
     try:
         ready = wait_ready(base, proc)
         print(f"gateway ready on {base}: {ready['collection']} {ready['index_version']} "
-              f"({ready['documents']} docs, {', '.join(ready['encoder_providers'])})", file=sys.stderr)
-        with httpx.Client(timeout=30.0) as client:
-            run_policy(client, base, queries[:20], "auto")  # warm-up, not reported
-            policies = [("full (exact, 384)", "full", None), ("funnel 64", 64, None), ("funnel 128", 128, None),
-                        ("funnel 384", 384, None)]
-            policies += [(f"auto rho={r:g}", "auto", r) for r in args.rhos]
-            for label, width, rho in policies:
-                out = run_policy(client, base, queries, width, rho)
-                rows.append(summarize(label, out, col.qrels, unseen))
-                print(f"  {label:<22} NDCG@10 {rows[-1]['ndcg@10']:.4f}  mean width {rows[-1]['mean_width']:.1f}",
+              f"({ready['documents']} docs, {', '.join(ready['encoder_providers'])}; rotation "
+              f"{manifest['adapter']['kind']})", file=sys.stderr)
+        with Client(base, timeout_s=30.0) as client:
+            run_policy(client, queries[:20], {"width": "auto"})  # warm-up, not reported
+            for pol in http_policies(args.rhos):
+                out = run_policy(client, queries, pol.fields)
+                rows.append(summarize(pol.label, out, col.qrels, unseen))
+                print(f"  {pol.label:<22} NDCG@10 {rows[-1]['ndcg@10']:.4f}  mean width {rows[-1]['mean_width']:.1f}",
                       file=sys.stderr)
             for r in list(rows):
                 if r["policy"].startswith("auto"):
                     w = int(round(r["mean_width"]))
-                    out = run_policy(client, base, queries, w)
+                    out = run_policy(client, queries, {"width": w})
                     rows.append(summarize(f"funnel {w} (= mean width of {r['policy']})", out, col.qrels, unseen))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -158,19 +160,25 @@ def main(argv=None) -> int:
     ev = manifest.get("evaluation") or {}
     static = ev.get("static", {})
     offline = []
-    for key, label in [("exact/identity/384", "full width 384 (frozen encoder)"),
-                       ("exact/identity/64", "truncation 64"), ("exact/pca/64", "PCA 64"), ("exact/pca/128", "PCA 128"),
-                       (f"exact/{manifest['adapter']['kind']}/64", "adapter 64"),
-                       (f"exact/{manifest['adapter']['kind']}/128", "adapter 128")]:
+    kind = manifest["adapter"]["kind"]
+    rows_wanted = [("exact/identity/384", "full width 384 (frozen encoder)"), ("exact/identity/64", "truncation 64"),
+                   ("exact/pca/64", "PCA 64"), ("exact/pca/128", "PCA 128")]
+    if kind not in ("identity", "pca"):
+        rows_wanted += [(f"exact/{kind}/64", f"{kind} 64"), (f"exact/{kind}/128", f"{kind} 128")]
+    for key, label in rows_wanted:
         if key in static:
             offline.append({"policy": label, "ndcg@10": static[key]["all"]["ndcg@10"],
                             "recall@100": static[key]["all"]["recall@100"],
                             "ndcg@10_unseen": static[key].get("unseen", {}).get("ndcg@10"),
                             "mean_width": float(key.rsplit("/", 1)[1]), "source": "offline exact search"})
+    make = "make demo" if kind == "pca" else f"make demo ROTATION={kind}" if kind != "adapter" else "make demo-full"
     result = {
-        "command": "make demo  (python bench/demo.py --home var --collection scifact --dataset data/scifact)",
+        "command": f"{make}  (python bench/demo.py --home var --collection {args.collection} --dataset "
+                   f"{_shown(args.dataset)})",
         "collection": args.collection, "split": args.split, "queries": len(queries), "unseen_queries": len(unseen),
-        "index_version": version, "adapter": manifest["adapter"]["kind"],
+        "index_version": version, "adapter": kind,
+        "documents_encoded_by_the_build": (manifest.get("corpus") or {}).get("encoded_now"),
+        "build_seconds": manifest.get("build_seconds"),
         "action_pair": manifest["router"]["default_pair"], "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "offline": offline, "http": rows, "routed_offline": ev.get("routed"),
     }
@@ -182,6 +190,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def _shown(path: Path) -> str:
+    p = path.resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
+
+
 def _f(x, fmt="{:.4f}"):
     return "–" if x is None else fmt.format(x)
 
@@ -190,7 +203,8 @@ def render_markdown(r: dict) -> str:
     lines = [f"# {r['collection']} {r['split']}: quality and latency ({r['queries']} judged queries, "
              f"{r['unseen_queries']} with no relevant document cited by a training query)", "",
              f"Index version `{r['index_version']}`, served rotation `{r['adapter']}`, router action pair "
-             f"{tuple(r['action_pair']) if r['action_pair'] else '–'}; {r['machine']}.", "",
+             f"{tuple(r['action_pair']) if r['action_pair'] else '–'}; {r['machine']}. Documents the build encoded: "
+             f"{_f(r.get('documents_encoded_by_the_build'), '{:,}')} (0: every vector came from the embedding cache).", "",
              f"Command: `{r['command']}`", "",
              "| policy | source | NDCG@10 | Recall@100 | NDCG@10 unseen | mean width | escalated | "
              "multiply-adds / query | p50 ms | p95 ms | server p50 ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]

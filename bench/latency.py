@@ -279,7 +279,7 @@ def faiss_settings(c: Corpus, n: int = 30) -> dict:
 
 def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], labels: dict, sat_seconds: float,
                concurrency: int, log) -> dict:
-    import httpx
+    from adawidth_client import NO_RETRY, Client
 
     sys.path.insert(0, str(ROOT / "bench"))
     from demo import free_port, start_gateway, wait_ready  # the demo's gateway launcher
@@ -291,20 +291,18 @@ def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], l
     rows = []
     try:
         wait_ready(base, proc)
-        with httpx.Client(timeout=60) as client:
+        with Client(base, timeout_s=60, retry=NO_RETRY) as client:  # a retry would hide a refused request
             for i in range(20):  # warm-up
-                client.post(f"{base}/v1/search", json={"query": texts[i], "k": K, "width": "auto"})
+                client.search(texts[i], k=K, width="auto")
             for label, width in (("exact full width (gateway `full`, numpy scan)", "full"),
                                  (f"static funnel 64 -> {FUNNEL_WIDTH}", FUNNEL_WIDTH), ("auto", "auto")):
                 lat, nd, work = [], [], []
                 for text, q in zip(texts, qids):
                     t = time.perf_counter()
-                    r = client.post(f"{base}/v1/search", json={"query": text, "k": K, "width": width})
+                    res = client.search(text, k=K, width=width)
                     lat.append(time.perf_counter() - t)
-                    r.raise_for_status()
-                    data = r.json()
-                    nd.append(ndcg_at_k([h["id"] for h in data["results"]], labels[q], 10))
-                    work.append(data["trace"]["coordinates_scored"])
+                    nd.append(ndcg_at_k(res.ids, labels[q], 10))
+                    work.append(res.trace.coordinates_scored)
                 qps = asyncio.run(_http_saturation(base, texts, width, sat_seconds, concurrency))
                 row = {"policy": label, "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "p99_ms": pct(lat, 99),
                        "ndcg@10": float(np.mean(nd)), "coordinates_per_query": float(np.mean(work)),
@@ -323,7 +321,10 @@ def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], l
 
 
 async def _http_saturation(base: str, texts: list[str], width, seconds: float, concurrency: int) -> float:
+    """Answered searches per second with ``concurrency`` clients in flight (refusals count as nothing, no retry)."""
     import httpx
+
+    from adawidth_client import NO_RETRY, ApiError, AsyncClient
 
     done = [0]
     stop = time.monotonic() + seconds
@@ -331,14 +332,16 @@ async def _http_saturation(base: str, texts: list[str], width, seconds: float, c
     async def worker(client, w):
         i = w
         while time.monotonic() < stop:
-            r = await client.post(f"{base}/v1/search", json={"query": texts[i % len(texts)], "k": K, "width": width})
-            if r.status_code == 200:
+            try:
+                await client.search(texts[i % len(texts)], k=K, width=width)
                 done[0] += 1
+            except ApiError:
+                pass
             i += concurrency
 
     limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0)
     t = time.perf_counter()
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    async with AsyncClient(base, timeout_s=60, retry=NO_RETRY, limits=limits) as client:
         await asyncio.gather(*(worker(client, w) for w in range(concurrency)))
     return done[0] / (time.perf_counter() - t)
 

@@ -17,6 +17,11 @@ gateway admits.  Request names group by policy so the report gives p50/p95/p99 p
 Queries come from a BEIR ``queries.jsonl`` (optionally gzipped): env ``ADAWIDTH_LOCUST_QUERIES`` (default
 the bundled SciFact queries), drawn uniformly with a per-user seed (``ADAWIDTH_LOCUST_SEED``, default 0).
 
+Requests and answers go through the Python client's models (``adawidth_client``): bodies are built by
+:class:`SearchRequest`, every 200 is parsed by :class:`SearchResponse` (a malformed one fails) and every
+error by :class:`ApiError`, so the load test exercises the client's code on every run.  The searched path
+is the client's too: ``/v1/search``, or ``/v1/collections/{name}/search`` with ``ADAWIDTH_LOCUST_COLLECTION``.
+
 Run it as its own command (importing locust monkey-patches the process with gevent), e.g. through
 ``loadtest/run.py``, or by hand against a running gateway::
 
@@ -30,9 +35,14 @@ import itertools
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 from locust import HttpUser, between, task
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adawidth_client import ApiError, MalformedResponse, SearchRequest, SearchResponse  # noqa: E402
+from adawidth_client.models import search_path  # noqa: E402
 
 DEFAULT_QUERIES = Path(__file__).resolve().parents[1] / "data" / "scifact" / "queries.jsonl.gz"
 K_CHOICES = (10,) * 7 + (1, 50, 100)
@@ -65,6 +75,7 @@ def load_queries(path: Path | str) -> list[str]:
 
 QUERIES = load_queries(os.environ.get("ADAWIDTH_LOCUST_QUERIES", DEFAULT_QUERIES))
 _SEEDS = itertools.count(int(os.environ.get("ADAWIDTH_LOCUST_SEED", "0")))
+SEARCH_PATH = search_path(os.environ.get("ADAWIDTH_LOCUST_COLLECTION") or None)
 
 
 class SearchUser(HttpUser):
@@ -73,14 +84,17 @@ class SearchUser(HttpUser):
     def on_start(self):
         self.rng = random.Random(next(_SEEDS))
 
-    def _search(self, name: str, body: dict):
-        with self.client.post("/v1/search", json=body, name=name, catch_response=True) as r:
+    def _search(self, name: str, request: SearchRequest):
+        with self.client.post(SEARCH_PATH, json=request.to_json(), name=name, catch_response=True) as r:
             if r.status_code != 200:
-                r.failure(f"status {r.status_code}: {r.text[:200]}")
+                r.failure(str(ApiError.from_parts(r.status_code, r.content, r.headers)))
                 return
-            data = r.json()
-            k = body.get("k", 10)
-            if len(data.get("results", [])) > k or "width" not in data.get("trace", {}):
+            try:
+                res = SearchResponse.from_json(r.json())
+            except (ValueError, MalformedResponse) as e:
+                r.failure(f"malformed 200 response: {e}")
+                return
+            if len(res.results) > (request.k or 10) or res.trace.width < 0:
                 r.failure("malformed 200 response")
             else:
                 r.success()
@@ -93,36 +107,32 @@ class SearchUser(HttpUser):
 
     @task(45)
     def auto(self):
-        self._search("/v1/search auto", {"query": self._query(), "k": self._k(), "width": "auto"})
+        self._search("/v1/search auto", SearchRequest(self._query(), k=self._k(), width="auto"))
 
     @task(15)
     def auto_rho(self):
-        self._search("/v1/search auto+rho", {"query": self._query(), "k": self._k(), "width": "auto",
-                                             "rho": self.rng.choice((0.1, 0.2, 0.3))})
+        self._search("/v1/search auto+rho", SearchRequest(self._query(), k=self._k(), width="auto",
+                                                          rho=self.rng.choice((0.1, 0.2, 0.3))))
 
     @task(15)
     def default_policy(self):
-        self._search("/v1/search default", {"query": self._query(), "k": self._k()})
+        self._search("/v1/search default", SearchRequest(self._query(), k=self._k()))
 
     @task(15)
     def fixed(self):
-        self._search("/v1/search fixed width", {"query": self._query(), "k": self._k(),
-                                                "width": self.rng.choice(FIXED_WIDTHS)})
+        self._search("/v1/search fixed width", SearchRequest(self._query(), k=self._k(),
+                                                             width=self.rng.choice(FIXED_WIDTHS)))
 
     @task(5)
     def full(self):
-        self._search("/v1/search full", {"query": self._query(), "k": self._k(), "width": "full"})
+        self._search("/v1/search full", SearchRequest(self._query(), k=self._k(), width="full"))
 
     @task(5)
     def invalid(self):
-        label, body, status, code = self.rng.choice(INVALID)
-        with self.client.post("/v1/search", json=body, name="/v1/search invalid (4xx expected)",
+        label, body, status, code = self.rng.choice(INVALID)  # raw bodies: some are not valid SearchRequests
+        with self.client.post(SEARCH_PATH, json=body, name="/v1/search invalid (4xx expected)",
                               catch_response=True) as r:
-            got = None
-            try:
-                got = r.json().get("error", {}).get("code")
-            except ValueError:
-                pass
+            got = ApiError.from_parts(r.status_code, r.content, r.headers).code if r.status_code >= 400 else None
             if r.status_code == status and got == code:
                 r.success()
             else:

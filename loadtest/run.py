@@ -48,11 +48,13 @@ def parse_stats(prefix: Path) -> tuple[list[dict], list[dict]]:
 
 
 def gateway_5xx(url: str) -> float | None:
-    import httpx
+    sys.path.insert(0, str(ROOT))
+    from adawidth_client import Client, ClientError
 
     try:
-        text = httpx.get(f"{url}/metrics", timeout=5).text
-    except httpx.HTTPError:
+        with Client(url, timeout_s=5) as client:
+            text = client.metrics()
+    except ClientError:
         return None
     return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
                if line.startswith("adawidth_http_requests_total{") and 'status="5xx"' in line)

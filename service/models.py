@@ -67,7 +67,7 @@ class Hit(BaseModel):
 
 class Trace(BaseModel):
     policy: Literal["exact", "recall", "router", "funnel", "fixed"] | None = Field(
-        description="How the dense lane was resolved (null in mode 'lexical'): 'exact' (width 'full'), 'recall' "
+        None, description="How the dense lane was resolved (null in mode 'lexical'): 'exact' (width 'full'), 'recall' "
                     "(declared recall), 'router', 'funnel' or 'fixed' (an integer width).")
     width: int = Field(description="Coordinates the returned dense scores cover (D for 'exact' and 'recall').")
     escalated: bool = Field(description="Policy 'router': True when it chose the high width of its action pair.")

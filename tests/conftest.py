@@ -12,12 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
+
+from adawidth_client import Client, NotReadyError, ServerExited
 
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT / "data" / "scifact"
@@ -87,19 +87,12 @@ def serve_home(home: Path, collection: str, **env_settings):
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+        with Client(url) as client:
             try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("gateway not ready in 120 s")
-            time.sleep(0.3)
+                client.wait_ready(120, alive=lambda: proc.poll() is None)
+            except ServerExited:
+                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}") from None
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adawidth_client import Client, NotReadyError, ServerExited
 from tests.conftest import ROOT, free_port
 
 ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
@@ -109,19 +110,15 @@ def start_gateways(home: Path, redis_url: str | None, names: list[str], timeout_
         gws.append(Gateway(name, f"http://127.0.0.1:{port}", proc, log_path))
     deadline = time.monotonic() + timeout_s
     for gw in gws:
-        while True:
-            if gw.proc.poll() is not None:
-                raise RuntimeError(f"gateway {gw.name} exited: {gw.log()[-3000:]}")
+        with Client(gw.url) as client:
             try:
-                if httpx.get(f"{gw.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
+                client.wait_ready(max(0.0, deadline - time.monotonic()), poll_s=0.2, alive=lambda: gw.proc.poll() is None)
+            except ServerExited:
+                raise RuntimeError(f"gateway {gw.name} exited: {gw.log()[-3000:]}") from None
+            except NotReadyError:
                 for g in gws:
                     g.stop()
-                raise TimeoutError(f"gateway {gw.name} not ready in {timeout_s} s: {gw.log()[-3000:]}")
-            time.sleep(0.2)
+                raise TimeoutError(f"gateway {gw.name} not ready in {timeout_s} s: {gw.log()[-3000:]}") from None
     return gws
 
 

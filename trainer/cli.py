@@ -13,6 +13,9 @@ Commands:
   encode           encode a corpus with Ray Data into parquet shards (build --embeddings reads them)
   milvus-write     write a version's stage-1 and rescoring prefixes to Milvus (stage 1 on Milvus)
   milvus-gc        drop Milvus collections of versions the registry no longer names
+  ship-embeddings  write a BEIR folder's embeddings for the repository (<dataset>/embeddings/)
+  seed-embeddings  check the shipped embeddings (sample re-encoded) and seed the embedding cache
+  evaluate         rank a split's judged queries with an index version; metrics and TREC run files
 
 The registry is Redis when REDIS_URL (or ADAWIDTH_REDIS_URL) is set, else the
 file registry on the index volume.  See deploy/CUTOVER.md.
@@ -27,7 +30,7 @@ import sys
 from pathlib import Path
 
 from engine.io.beir import DatasetFormatError
-from trainer import registry_cli, scale_cli
+from trainer import data_cli, registry_cli, scale_cli
 from trainer.config import TrainerSettings
 
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     registry_cli.add_commands(sub)
     scale_cli.add_commands(sub)
+    data_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return registry_cli.run(args, settings)
     if args.command in scale_cli.COMMANDS:
         return scale_cli.run(args, settings)
+    if args.command in data_cli.COMMANDS:
+        return data_cli.run(args, settings)
     return 1
 
 

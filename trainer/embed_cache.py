@@ -20,6 +20,12 @@ def content_key(text: str, encoder_fingerprint: str) -> str:
     return hashlib.sha256(f"{encoder_fingerprint}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def encoder_fingerprint(encoder) -> str:
+    """``onnx_sha256|tokenizer_sha256|max_tokens`` of an encoder (``info`` and ``max_tokens`` attributes):
+    what :func:`content_key` mixes into every key, so vectors of another encoder never match."""
+    return f"{encoder.info.onnx_sha256}|{encoder.info.tokenizer_sha256}|{encoder.max_tokens}"
+
+
 class EmbeddingCache:
     """Persistent map content key -> float32 vector of one dimension.
 
@@ -68,7 +74,7 @@ def encode_with_cache(encoder, texts: list[str], cache: EmbeddingCache | None, *
     Returns:
         (embeddings of shape (N, D) float32, number of texts actually encoded).
     """
-    fp = f"{encoder.info.onnx_sha256}|{encoder.info.tokenizer_sha256}|{encoder.max_tokens}"
+    fp = encoder_fingerprint(encoder)
     keys = [content_key(t, fp) for t in texts]
     found = cache.get_many(list(dict.fromkeys(keys))) if cache else {}
     missing = [i for i, k in enumerate(keys) if k not in found]

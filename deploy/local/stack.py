@@ -39,6 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 REPLICAS = ("blue", "green")
 
+sys.path.insert(0, str(ROOT))
+from adawidth_client import Client, NotReadyError, ServerExited  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -203,7 +206,11 @@ class Stack:
             save()
             deadline = time.monotonic() + args.timeout
             for name, c in comps.items():
-                self.wait(lambda c=c, n=name: self.healthy(n, c)[0], name, max(1.0, deadline - time.monotonic()), c)
+                remaining = max(1.0, deadline - time.monotonic())
+                if name.startswith("gateway-"):
+                    self.wait_gateway(name, c, remaining)
+                else:
+                    self.wait(lambda c=c, n=name: self.healthy(n, c)[0], name, remaining, c)
         except BaseException:
             save()
             self.down()
@@ -217,13 +224,26 @@ class Stack:
         if name == "redis":
             return redis_ok(c["port"]), "PING"
         if name.startswith("gateway-"):
-            return http_ok(c["url"] + "/readyz")
+            with Client(c["url"]) as client:
+                body = client.ready()
+            return body is not None, json.dumps(body) if body is not None else "not ready"
         if name == "trainer":
             ok, body = http_ok(c["url"] + "/metrics")
             return ok, "metrics" if ok else body
         if name == "prometheus":
             return http_ok(c["url"] + "/-/ready")
         return True, ""
+
+    def wait_gateway(self, name: str, comp: dict, timeout_s: float) -> None:
+        """The client's readiness wait on a gateway's ``/readyz``; stops at once if its process exits."""
+        with Client(comp["url"]) as client:
+            try:
+                client.wait_ready(timeout_s, poll_s=0.3, alive=lambda: alive(comp["pid"]))
+            except ServerExited:
+                raise RuntimeError(f"{name} exited: {Path(comp['log']).read_text(errors='replace')[-3000:]}") from None
+            except NotReadyError as e:
+                raise TimeoutError(f"{name} not healthy after {timeout_s:.0f} s ({e.last}) "
+                                   f"{Path(comp['log']).read_text(errors='replace')[-3000:]}") from None
 
     def wait(self, check, name: str, timeout_s: float, comp: dict | None = None) -> None:
         deadline = time.monotonic() + timeout_s
