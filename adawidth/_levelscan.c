@@ -18,8 +18,10 @@
  * Source: Panorama, arXiv 2510.00566 (level-major storage, Cauchy-Schwarz pruning); the data-aware bound is
  * this project's (FINDINGS.md, Turn 2).
  *
- * Exact scores are always float32 sums over the float32 levels in level order (s = 0; s += <q_l, d_l> for each
- * level l), so a row gets the same score whichever path scores it, with or without float16 levels.  Ties: higher score
+ * Exact scores are float32 sums over the float32 levels computed by one rule: the levels without a float16
+ * copy first (s = 0; s += <q_l, d_l> for l = L16..L-1), then the float32 dots of the float16 levels
+ * (s += <q_l, d_l> for l = 0..L16-1).  The first part is the running sum the scan keeps anyway, so a survivor
+ * is rescored over the float16 levels only, and a row gets the same score whichever path scores it.  Ties: higher score
  * first, then lower row.  The GIL is released while scanning; a query can be sharded over `threads`
  * pthreads (shared threshold, merged heaps).  SIMD: AVX-512F or AVX2+FMA+F16C chosen at import time on
  * x86-64, portable C elsewhere.
@@ -48,8 +50,7 @@
 
 /* ------------------------------------------------------------------------------------------------ SIMD */
 
-/* How many rows ahead a sparse (gathered) scan prefetches. */
-static int64_t PREFETCH_ROWS = 32;
+#define PREFETCH_ROWS 32 /* how many rows ahead a sparse (gathered) scan prefetches */
 
 /* out[i] = <X[row_i, :w], q[:w]> where row_i = rows[i] (sparse) or start + i (rows == NULL, dense). */
 typedef void (*dot_fn)(const void *X, int64_t w, const int32_t *rows, int64_t start, int64_t n,
@@ -270,14 +271,15 @@ __attribute__((target("avx512f"))) static void dot16_avx512(const void *X_, int6
  *         (ps[i] + min(a * t[i], c)) + b >= tau, writing rows (row0 + i) and p (ps[i]) compacted; returns the
  *         count.
  * prune:  the later prunes, in place over n candidates: keeps i when (p[i] + min(a * tl[rows[i]], c)) + b >= tau,
- *         compacting rows and p.
+ *         compacting rows, p and rest.
  * Every variant evaluates the bound with the same float operations (a product, then two sums, no fused
  * multiply-add), so all variants keep the same rows.  NaN partial scores (rows outside `allowed`) never pass.
- * The SIMD variants store whole vectors: rows and p need SLACK spare entries past the end. */
+ * The SIMD variants store whole vectors: rows, p and rest need SLACK spare entries past the end. */
 #define SLACK 16
 typedef int64_t (*filter_fn)(const float *ps, const float *t, int64_t nb, float a, float c, float b, float tau,
                              int32_t row0, int32_t *rows, float *p);
-typedef int64_t (*prune_fn)(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows, float *p);
+typedef int64_t (*prune_fn)(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows, float *p,
+                            float *rest);
 
 static inline float min_f(float x, float y) { return y < x ? y : x; }
 
@@ -295,12 +297,13 @@ static int64_t filter_generic(const float *ps, const float *t, int64_t nb, float
 }
 
 static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows,
-                             float *p) {
+                             float *p, float *rest) {
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
         rows[m] = rows[i];
         p[m] = p[i];
+        rest[m] = rest[i];
         m += ub >= tau;
     }
     return m;
@@ -346,24 +349,27 @@ __attribute__((target("avx2,fma,f16c"))) static int64_t filter_avx2(const float 
 }
 
 __attribute__((target("avx2,fma,f16c"))) static int64_t prune_avx2(const float *tl, int64_t n, float a, float c,
-                                                                   float b, float tau, int32_t *rows, float *p) {
+                                                                   float b, float tau, int32_t *rows, float *p,
+                                                                   float *rest) {
     const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c), vb = _mm256_set1_ps(b), vt = _mm256_set1_ps(tau);
     int64_t m = 0, i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256i idx = _mm256_loadu_si256((const __m256i *)(rows + i));
-        const __m256 v = _mm256_loadu_ps(p + i);
+        const __m256 v = _mm256_loadu_ps(p + i), r = _mm256_loadu_ps(rest + i);
         const __m256 tv = _mm256_i32gather_ps(tl, idx, 4);
         const __m256 ub = _mm256_add_ps(_mm256_add_ps(v, _mm256_min_ps(_mm256_mul_ps(va, tv), vc)), vb);
         const int k = _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ));
         const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[k]);
         _mm256_storeu_si256((__m256i *)(rows + m), _mm256_permutevar8x32_epi32(idx, perm));
         _mm256_storeu_ps(p + m, _mm256_permutevar8x32_ps(v, perm));
+        _mm256_storeu_ps(rest + m, _mm256_permutevar8x32_ps(r, perm));
         m += __builtin_popcount((unsigned)k);
     }
     for (; i < n; i++) {
         const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
         rows[m] = rows[i];
         p[m] = p[i];
+        rest[m] = rest[i];
         m += ub >= tau;
     }
     return m;
@@ -397,23 +403,25 @@ __attribute__((target("avx512f"))) static int64_t filter_avx512(const float *ps,
 }
 
 __attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, int64_t n, float a, float c, float b,
-                                                               float tau, int32_t *rows, float *p) {
+                                                               float tau, int32_t *rows, float *p, float *rest) {
     const __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vt = _mm512_set1_ps(tau);
     int64_t m = 0, i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512i idx = _mm512_loadu_si512((const void *)(rows + i));
-        const __m512 v = _mm512_loadu_ps(p + i);
+        const __m512 v = _mm512_loadu_ps(p + i), r = _mm512_loadu_ps(rest + i);
         const __m512 tv = _mm512_i32gather_ps(idx, tl, 4);
         const __m512 ub = _mm512_add_ps(_mm512_add_ps(v, _mm512_min_ps(_mm512_mul_ps(va, tv), vc)), vb);
         const __mmask16 k = _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ);
         _mm512_storeu_si512((void *)(rows + m), _mm512_maskz_compress_epi32(k, idx));
         _mm512_storeu_ps(p + m, _mm512_maskz_compress_ps(k, v));
+        _mm512_storeu_ps(rest + m, _mm512_maskz_compress_ps(k, r));
         m += __builtin_popcount((unsigned)k);
     }
     for (; i < n; i++) {
         const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
         rows[m] = rows[i];
         p[m] = p[i];
+        rest[m] = rest[i];
         m += ub >= tau;
     }
     return m;
@@ -542,13 +550,23 @@ static inline void level_dots(const Ctx *c, int l, int use16, const int32_t *row
         DOT32(c->lv32[l], level_w(c, l), rows, start, n, ql, out);
 }
 
-/* The exact scores of n rows: s = 0; s += <q_l, d_l> over the float32 levels in level order. */
-static void exact_scores(const Ctx *c, const int32_t *rows, int64_t n, float *out, float *tmp) {
-    for (int64_t i = 0; i < n; i++) out[i] = 0.0f;
-    for (int l = 0; l < c->L; l++) {
+/* Completes exact scores: out = rest + the float32 dots of the float16 levels, added in level order. */
+static void finish_scores(const Ctx *c, const int32_t *rows, int64_t n, const float *rest, float *out, float *tmp) {
+    for (int64_t i = 0; i < n; i++) out[i] = rest[i];
+    for (int l = 0; l < c->L16; l++) {
         level_dots(c, l, 0, rows, 0, n, tmp);
         for (int64_t i = 0; i < n; i++) out[i] += tmp[i];
     }
+}
+
+/* The exact scores of n rows from scratch (the rule in the header); rest and tmp are n-float scratch. */
+static void exact_scores(const Ctx *c, const int32_t *rows, int64_t n, float *out, float *rest, float *tmp) {
+    for (int64_t i = 0; i < n; i++) rest[i] = 0.0f;
+    for (int l = c->L16; l < c->L; l++) {
+        level_dots(c, l, 0, rows, 0, n, tmp);
+        for (int64_t i = 0; i < n; i++) rest[i] += tmp[i];
+    }
+    finish_scores(c, rows, n, rest, out, tmp);
 }
 
 /* Positions [p0, p1) of the concatenated ranges, piece by piece (each piece inside one range). */
@@ -686,20 +704,15 @@ static inline void raise_tau(_Atomic uint32_t *t, float v) {
     }
 }
 
-/* A level is computed for the whole block (streaming, no gather) once at least this share of it is alive:
-   the same cache lines are read either way, and a sequential read is faster than a gather. */
-static float DENSE_FRACTION = 0.5f;
-
 static void *rest_worker(void *arg) {
     Rest *r = (Rest *)arg;
     const Ctx *c = r->c;
     const int L = c->L;
     const int partial_mode = r->stop_level < L - 1;
     int32_t *rows = malloc(sizeof(int32_t) * (BLOCK + SLACK));
-    float *p = malloc(sizeof(float) * (BLOCK + SLACK));
+    float *p = malloc(sizeof(float) * (BLOCK + SLACK)), *rest = malloc(sizeof(float) * (BLOCK + SLACK));
     float *d = malloc(sizeof(float) * BLOCK), *exact = malloc(sizeof(float) * BLOCK);
-    float *dall = malloc(sizeof(float) * BLOCK);
-    if (!rows || !p || !d || !exact || !dall) {
+    if (!rows || !p || !rest || !d || !exact) {
         r->failed = 1;
         goto done;
     }
@@ -732,30 +745,37 @@ static void *rest_worker(void *arg) {
                 }
                 n = m;
             }
+            /* rest: the running sum over the levels without a float16 copy (the first part of the exact score) */
+            if (c->L16 == 0)
+                for (int64_t i = 0; i < n; i++) rest[i] = p[i];
+            else
+                for (int64_t i = 0; i < n; i++) rest[i] = 0.0f;
             if (partial_mode && r->stop_level == 0) goto to_partial;
             for (int l = 1; l < L && n > 0; l++) {
                 const int64_t w = level_w(c, l);
                 r->alive[l] += n;
                 r->coords += n * w;
-                if ((float)n >= DENSE_FRACTION * (float)nb) {
-                    level_dots(c, l, 1, NULL, row0, nb, dall);
-                    for (int64_t i = 0; i < n; i++) d[i] = dall[rows[i] - row0];
+                level_dots(c, l, 1, rows, 0, n, d);
+                if (l >= c->L16) {
+                    for (int64_t i = 0; i < n; i++) {
+                        p[i] += d[i];
+                        rest[i] += d[i];
+                    }
                 } else {
-                    level_dots(c, l, 1, rows, 0, n, d);
+                    for (int64_t i = 0; i < n; i++) p[i] += d[i];
                 }
-                for (int64_t i = 0; i < n; i++) p[i] += d[i];
                 if (l == L - 1) break;
                 const float al = r->a[l + 1], cl = r->cc[l + 1], bl = r->bb[l + 1];
                 const float *tl = c->tails + (int64_t)(l + 1) * c->N;
-                n = PRUNE(tl, n, al, cl, bl, tau, rows, p);
+                n = PRUNE(tl, n, al, cl, bl, tau, rows, p, rest);
                 if (partial_mode && l == r->stop_level) goto to_partial;
             }
             if (n == 0) continue;
-            /* completion: exact scores (already in p without float16 levels; rescored in float32 with them) */
+            /* completion: exact scores (p itself without float16 levels; rest + float32 float16-levels with them) */
             const float *sc = p;
             if (c->L16 > 0) {
-                exact_scores(c, rows, n, exact, d);
-                r->coords += n * c->D;
+                finish_scores(c, rows, n, rest, exact, d);
+                r->coords += n * c->bounds[c->L16];
                 sc = exact;
             }
             for (int64_t i = 0; i < n; i++) {
@@ -780,9 +800,9 @@ static void *rest_worker(void *arg) {
         }
     }
 done:
-    free(dall);
     free(rows);
     free(p);
+    free(rest);
     free(d);
     free(exact);
     return NULL;
@@ -1005,9 +1025,10 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
     if (!failed && n_found > 0) {
         int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_found);
         float *ex = malloc(sizeof(float) * (size_t)n_found), *tmp = malloc(sizeof(float) * (size_t)n_found);
-        if (rows && ex && tmp) {
+        float *rs = malloc(sizeof(float) * (size_t)n_found);
+        if (rows && ex && tmp && rs) {
             for (int64_t i = 0; i < n_found; i++) rows[i] = all[i].r;
-            exact_scores(&c, rows, n_found, ex, tmp);
+            exact_scores(&c, rows, n_found, ex, rs, tmp);
             for (int64_t i = 0; i < n_found; i++) {
                 seed_rows[i] = all[i].r;
                 seed_part[i] = all[i].s;
@@ -1020,6 +1041,7 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
         free(rows);
         free(ex);
         free(tmp);
+        free(rs);
     }
     Py_END_ALLOW_THREADS;
     if (failed) {
@@ -1169,9 +1191,10 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
         if (np > rescore) np = rescore;
         int32_t *rr = malloc(sizeof(int32_t) * (size_t)(np + 1));
         float *ex = malloc(sizeof(float) * (size_t)(np + 1)), *tmp = malloc(sizeof(float) * (size_t)(np + 1));
-        if (rr && ex && tmp) {
+        float *rs = malloc(sizeof(float) * (size_t)(np + 1));
+        if (rr && ex && tmp && rs) {
             for (int64_t i = 0; i < np; i++) rr[i] = part_mem[i].r;
-            exact_scores(&c, rr, np, ex, tmp);
+            exact_scores(&c, rr, np, ex, rs, tmp);
             for (int64_t i = 0; i < np; i++) {
                 Ent e = {ex[i], rr[i]};
                 cand[m++] = e;
@@ -1183,6 +1206,7 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
         free(rr);
         free(ex);
         free(tmp);
+        free(rs);
     }
     if (!failed) {
         /* a seed sits in every thread's heap too: copies of one row carry one score, so they are adjacent */
@@ -1254,39 +1278,12 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(ISA);
 }
 
-static PyObject *py_set_dense_fraction(PyObject *self, PyObject *args) {
-    float f;
-    if (!PyArg_ParseTuple(args, "f", &f)) return NULL;
-    if (!(f >= 0.0f && f <= 1.01f)) {
-        PyErr_SetString(PyExc_ValueError, "dense fraction must be in [0, 1.01]");
-        return NULL;
-    }
-    float old = DENSE_FRACTION;
-    DENSE_FRACTION = f;
-    return PyFloat_FromDouble(old);
-}
-
-static PyObject *py_set_prefetch(PyObject *self, PyObject *args) {
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "n", &n)) return NULL;
-    if (n < 1 || n > 1024) {
-        PyErr_SetString(PyExc_ValueError, "prefetch distance must be in [1, 1024] rows");
-        return NULL;
-    }
-    Py_ssize_t old = (Py_ssize_t)PREFETCH_ROWS;
-    PREFETCH_ROWS = n;
-    return PyLong_FromSsize_t(old);
-}
-
 static PyMethodDef methods[] = {
     {"scan_first", py_scan_first, METH_VARARGS, "Level 0 over every candidate, fused top-n_seed, the seeds' exact scores."},
     {"scan_rest", py_scan_rest, METH_VARARGS, "Levels 1..L-1 with pruning and a fused top-k."},
     {"count_at_least", py_count_at_least, METH_VARARGS, "Counts of values >= each threshold."},
     {"isa", py_isa, METH_NOARGS, "The SIMD variant in use: avx512, avx2 or generic."},
     {"set_isa", py_set_isa, METH_VARARGS, "Select a SIMD variant (auto, generic, avx2, avx512); the best available below it is used."},
-    {"set_dense_fraction", py_set_dense_fraction, METH_VARARGS,
-     "Set the alive share above which a level is computed for the whole block; returns the old value (tuning)."},
-    {"set_prefetch", py_set_prefetch, METH_VARARGS, "Set the sparse scan's prefetch distance in rows; returns the old one."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,8 +33,12 @@ to zero at build time; every other value is rounded to nearest, a relative error
 every document ``|<q, d_hat - d>| <= ||q[:b16]|| * r_i`` with ``r_i = ||d_hat_i[:b16] - d_i[:b16]||``
 <= 2^-11 ||d_i[:b16]|| + ||flushed part of d_i||.  The store keeps ``max_i r_i`` (computed in float64,
 rounded up); every bound adds ``||q[:b16]|| * max_i r_i``, and the documents that reach the last level are
-rescored from the float32 levels, so the returned scores and ranking are exactly the float32 ones (bit for bit
-the same as without float16 levels).
+rescored from the float32 levels, so the returned scores and ranking are exactly the float32 ones.
+
+Exact scores are float32 sums computed by one rule: the levels without a float16 copy in level order from 0
+(the running sum the scan keeps), then the float32 dots of the float16 levels in level order.  A survivor is
+thus rescored over the float16 levels only, and every path (seeds, survivors, rescoring) gives a row the same
+bits.  With and without float16 levels the sums run in another order, so scores may differ in the last bit.
 
 Every bound also carries a float32 rounding slack ``2 (D + 16) 2^-24 ||q|| max_i ||d_i||`` (the computed
 partial sums and the computed exact scores each differ from real arithmetic by at most
@@ -224,6 +228,8 @@ class LevelStore:
         suffix = np.concatenate([np.cumsum(second_moment[::-1])[::-1], [0.0]])
         self.rms_tail = np.sqrt(np.maximum(suffix[self._bounds], 0.0))
         self._inv_rms_tail = np.where(self.rms_tail > 0, 1.0 / np.where(self.rms_tail > 0, self.rms_tail, 1.0), 0.0)
+        # (D, L + 1) suffix indicator: column l sums coordinates j >= b_l (one product per query profile)
+        self._suffix = (np.arange(layout.D)[:, None] >= self._bounds[None, :]).astype(np.float64)
 
     @property
     def N(self) -> int:
@@ -490,10 +496,10 @@ def _validate_query(store: LevelStore, query) -> np.ndarray:
     q = np.asarray(query)
     if q.ndim != 1 or q.shape[0] != store.D:
         raise ValueError(f"query must have shape ({store.D},), got {q.shape}")
-    if not np.issubdtype(q.dtype, np.floating) and not np.issubdtype(q.dtype, np.integer):
-        raise ValueError(f"query must be numeric, got dtype {q.dtype}")
+    if q.dtype.kind not in "fiu":
+        raise ValueError(f"query must be numeric (float or integer), got dtype {q.dtype}")
     q = np.ascontiguousarray(q, dtype=np.float32)
-    if not np.all(np.isfinite(q)):
+    if not np.isfinite(q.sum(dtype=np.float64)) or not np.all(np.isfinite(q)):
         raise ValueError("query has non-finite values")
     return q
 
@@ -542,9 +548,8 @@ def query_profile(store: LevelStore, q: np.ndarray) -> tuple[np.ndarray, np.ndar
     """``(||q[b_l:]||^2, sqrt(sum_{j >= b_l} q_j^2 E[d_j^2]))`` at every boundary, each (L + 1,) float64."""
     q64 = q.astype(np.float64)
     sq = q64 * q64
-    both = np.cumsum(np.stack([sq, sq * store.second_moment])[:, ::-1], axis=1)[:, ::-1]
-    both = np.concatenate([both, np.zeros((2, 1))], axis=1)[:, store._bounds]
-    return both[0], np.sqrt(np.maximum(both[1], 0.0))
+    tail_sq = sq @ store._suffix
+    return tail_sq, np.sqrt(np.maximum((sq * store.second_moment) @ store._suffix, 0.0))
 
 
 def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, threads: int = 1,
@@ -621,13 +626,16 @@ def bound_coefficients(store: LevelStore, tail_sq: np.ndarray, spread: np.ndarra
     L16 = store.layout.fp16_levels
     if L16:  # the float16 rounding: |<q, d_hat - d>| <= ||q[:b16]|| * max_i ||d_hat_i - d_i||
         slack += float(np.sqrt(max(tail_sq[0] - tail_sq[L16], 0.0))) * store.fp16_residual_max
-    cs = np.sqrt(tail_sq)
-    c = np.full(len(tail_sq), np.inf)
+    out = np.empty((3, len(tail_sq)))
+    out[0] = np.sqrt(tail_sq)
+    out[1] = np.inf
+    out[2] = slack
     if bound == "data_aware":
-        c = z * spread
+        out[1] = z * spread
     elif bound == "data_aware_doc":
-        cs = np.minimum(cs, z * spread * store._inv_rms_tail)
-    return _up32(cs), _up32(c), _up32(np.full(len(tail_sq), slack))
+        np.minimum(out[0], z * spread * store._inv_rms_tail, out=out[0])
+    a, c, bb = _up32(out)
+    return a, c, bb
 
 
 def finish(state: LevelState, *, bound: str = "exact", z: float | None = None, stop_level: int | None = None,

@@ -3,8 +3,7 @@
 The same algorithm as the compiled kernel with one thread, step for step: level 0 over every candidate, the
 seeds (the best partial scores, exactly scored), then blocks of :data:`adawidth.levels.SCAN_BLOCK` rows in
 scan order, each pruned level by level with the bound ``(p + min(a[b] * ||d[b:]||, c[b])) + bb[b] >= tau``
-evaluated in float32, the survivors of the last level scored exactly (``s = 0; s += <q_l, d_l>`` over the float32 levels)
-and kept in a top-k whose k-th score is the threshold.  Only the inner products are summed in another order
+evaluated in float32, the survivors of the last level scored exactly (:func:`exact_scores`) and kept in a top-k whose k-th score is the threshold.  Only the inner products are summed in another order
 (numpy's), so on data whose products and sums are exact in float32 (small dyadic values) the reference and
 the kernel agree bit for bit: rows, scores, candidates alive per level and coordinates.  On other data they
 agree on the exact mode's result; scores differ by float32 rounding.
@@ -29,12 +28,21 @@ def _dots(store: LevelStore, l: int, rows: np.ndarray, q: np.ndarray, use16: boo
     return (X[rows].astype(np.float32) @ q[b[l]:b[l + 1]]).astype(np.float32)
 
 
-def exact_scores(store: LevelStore, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """(n,) float32 exact scores: the float32 level dots summed in level order from 0."""
-    s = np.zeros(len(rows), dtype=np.float32)
-    for l in range(store.layout.L):
+def finish_scores(store: LevelStore, rows: np.ndarray, q: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """``rest`` plus the float32 dots of the float16 levels, added in level order."""
+    s = rest.astype(np.float32).copy()
+    for l in range(store.layout.fp16_levels):
         s += _dots(store, l, rows, q, use16=False)
     return s
+
+
+def exact_scores(store: LevelStore, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(n,) float32 exact scores by the kernel's rule: the levels without a float16 copy summed in level order
+    from 0, then the float32 dots of the float16 levels added in level order."""
+    rest = np.zeros(len(rows), dtype=np.float32)
+    for l in range(store.layout.fp16_levels, store.layout.L):
+        rest += _dots(store, l, rows, q, use16=False)
+    return finish_scores(store, rows, q, rest)
 
 
 def _top(scores: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,17 +132,21 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
             rows, p = pos_rows[sl], p_scan[sl]
             keep = ((p + np.minimum(a[1] * tails[1][rows], c[1])) + bb[1] >= tau) & ~is_seed[sl]
             rows, p = rows[keep], p[keep]
+            rest = p.copy() if store.layout.fp16_levels == 0 else np.zeros(len(p), dtype=np.float32)
             stopped = partial_mode and stop == 0
             for l in range(1, L):
                 if stopped or len(rows) == 0:
                     break
                 alive[l] += len(rows)
                 coords += len(rows) * widths[l]
-                p = p + _dots(store, l, rows, q, use16=True)
+                d = _dots(store, l, rows, q, use16=True)
+                p = p + d
+                if l >= store.layout.fp16_levels:
+                    rest = rest + d
                 if l == L - 1:
                     break
                 keep = (p + np.minimum(a[l + 1] * tails[l + 1][rows], c[l + 1])) + bb[l + 1] >= tau
-                rows, p = rows[keep], p[keep]
+                rows, p, rest = rows[keep], p[keep], rest[keep]
                 stopped = partial_mode and l == stop
             if stopped:
                 partial_s.append(p)
@@ -143,8 +155,8 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
             if len(rows) == 0:
                 continue
             if store.layout.fp16_levels:
-                s = exact_scores(store, rows, q)
-                coords += len(rows) * D
+                s = finish_scores(store, rows, q, rest)
+                coords += len(rows) * store.layout.fp16_width
             else:
                 s = p
             for score, row in zip(s.tolist(), rows.tolist()):
