@@ -19,7 +19,8 @@ export TRANSFORMERS_OFFLINE := 1
 
 # torch is pinned and installed first: an unpinned torch pulled in by
 # sentence-transformers would be a multi-GB CUDA build.
-$(BIN)/.installed: pyproject.toml
+# setup.py builds the compiled kernel (adawidth/_levelscan.c, needs gcc and the Python headers) in place.
+$(BIN)/.installed: pyproject.toml setup.py adawidth/_levelscan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
