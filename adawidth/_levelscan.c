@@ -4,7 +4,7 @@
  * The rotated corpus is stored level-major: level l is one row-major (N, w_l) float32 array (and, for the
  * first L16 levels, a float16 copy).  A query is scanned in two calls:
  *
- *   scan_first  level 0 over every candidate row (fused top-n_seed heap on the partial scores), then the
+ *   scan_first  the first level(s) over every candidate row (fused top-n_seed heap on the partial scores), then the
  *               exact full-width scores of the n_seed best partial scores (the seeds, which give the first
  *               threshold: the k-th best exact seed score is a lower bound on the final k-th best score);
  *   scan_rest   block by block: drop a row as soon as partial + bound(tail) < threshold, add the next level
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(LV_PORTABLE_ONLY)
 #include <immintrin.h>
 #define LV_X86 1
 #else
@@ -428,7 +428,85 @@ __attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, 
 }
 #endif
 
+/* ---- the first pass over several float16 levels: one accumulator per row across the levels ----
+ * out[i] = sum over l < nl of <q[b_l:b_{l+1}], X_l[row_i]> with one rounding tree per row (used only where the
+ * partial score prunes and seeds, never as an exact score: the float16 levels are always rescored). */
+typedef struct {
+    int nl;
+    const uint16_t *X[MAX_LEVELS];
+    int64_t w[MAX_LEVELS];
+    const float *q[MAX_LEVELS];
+} Multi16;
+
+typedef void (*multi_fn)(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out);
+
+static void multi16_generic(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        float s = 0.0f;
+        for (int l = 0; l < m->nl; l++) s += row_dot16_generic(m->X[l] + r * m->w[l], m->q[l], m->w[l]);
+        out[i] = s;
+    }
+}
+
+#if LV_X86
+__attribute__((target("avx2,fma,f16c"))) static void multi16_avx2(const Multi16 *m, const int32_t *rows, int64_t start,
+                                                                  int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        float tail = 0.0f;
+        for (int l = 0; l < m->nl; l++) {
+            const uint16_t *x = m->X[l] + r * m->w[l];
+            const float *q = m->q[l];
+            const int64_t w = m->w[l];
+            int64_t j = 0;
+            for (; j + 16 <= w; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j + 8))),
+                                     _mm256_loadu_ps(q + j + 8), a1);
+            }
+            if (j + 8 <= w) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
+                j += 8;
+            }
+            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
+        }
+        out[i] = hsum256(_mm256_add_ps(a0, a1)) + tail;
+    }
+}
+
+__attribute__((target("avx512f"))) static void multi16_avx512(const Multi16 *m, const int32_t *rows, int64_t start,
+                                                              int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        float tail = 0.0f;
+        for (int l = 0; l < m->nl; l++) {
+            const uint16_t *x = m->X[l] + r * m->w[l];
+            const float *q = m->q[l];
+            const int64_t w = m->w[l];
+            int64_t j = 0;
+            for (; j + 32 <= w; j += 32) {
+                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
+                                     a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j + 16))),
+                                     _mm512_loadu_ps(q + j + 16), a1);
+            }
+            if (j + 16 <= w) {
+                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
+                                     a0);
+                j += 16;
+            }
+            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
+        }
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tail;
+    }
+}
+#endif
+
 static dot_fn DOT32 = dot32_generic, DOT16 = dot16_generic;
+static multi_fn MULTI16 = multi16_generic;
 static filter_fn FILTER = filter_generic;
 static prune_fn PRUNE = prune_generic;
 static const char *ISA = "generic";
@@ -437,6 +515,7 @@ static const char *ISA = "generic";
 static void select_isa(const char *want) {
     DOT32 = dot32_generic;
     DOT16 = dot16_generic;
+    MULTI16 = multi16_generic;
     FILTER = filter_generic;
     PRUNE = prune_generic;
     ISA = "generic";
@@ -449,12 +528,14 @@ static void select_isa(const char *want) {
     if (has512 && (!want || strcmp(want, "avx512") == 0)) {
         DOT32 = dot32_avx512;
         DOT16 = dot16_avx512;
+        MULTI16 = multi16_avx512;
         FILTER = filter_avx512;
         PRUNE = prune_avx512;
         ISA = "avx512";
     } else if (has2) {
         DOT32 = dot32_avx2;
         DOT16 = dot16_avx2;
+        MULTI16 = multi16_avx2;
         FILTER = filter_avx2;
         PRUNE = prune_avx2;
         ISA = "avx2";
@@ -609,23 +690,45 @@ typedef struct {
     const Ctx *c;
     int64_t p0, p1;
     float *p_scan;
-    Heap heap; /* top n_seed by partial score */
+    int n_first; /* levels scanned for every row */
+    Heap heap;   /* top n_seed by partial score */
     int64_t scanned, coords;
     int failed;
 } First;
+
+/* The partial scores of the first n_first levels for n rows: dense rows start..start+n-1 (rows == NULL) or the
+   given rows; tmp is n-float scratch.  Over float32 levels they are summed in level order from 0 (they are the
+   start of the exact score); over float16 levels they only prune and rank seeds, so one accumulator spans the
+   levels (one reduction per row). */
+static void first_partials(const Ctx *c, int n_first, const int32_t *rows, int64_t start, int64_t n, float *out,
+                           float *tmp) {
+    if (n_first > 1 && c->L16 >= n_first) { /* float16 levels: one pass, one reduction per row */
+        Multi16 m;
+        m.nl = n_first;
+        for (int l = 0; l < n_first; l++) {
+            m.X[l] = c->lv16[l];
+            m.w[l] = level_w(c, l);
+            m.q[l] = c->q + c->bounds[l];
+        }
+        MULTI16(&m, rows, start, n, out);
+        return;
+    }
+    level_dots(c, 0, 1, rows, start, n, out);
+    for (int l = 1; l < n_first; l++) {
+        level_dots(c, l, 1, rows, start, n, tmp);
+        for (int64_t i = 0; i < n; i++) out[i] += tmp[i];
+    }
+}
 
 static void *first_worker(void *arg) {
     First *f = (First *)arg;
     const Ctx *c = f->c;
     int32_t *rows = malloc(sizeof(int32_t) * BLOCK_FIRST);
-    float *out = malloc(sizeof(float) * BLOCK_FIRST);
-    if (!rows || !out) {
+    float *out = malloc(sizeof(float) * BLOCK_FIRST), *tmp = malloc(sizeof(float) * BLOCK_FIRST);
+    if (!rows || !out || !tmp) {
         f->failed = 1;
-        free(rows);
-        free(out);
-        return NULL;
+        goto done;
     }
-    const int64_t w0 = level_w(c, 0);
     Pieces it;
     pieces_init(&it, c, f->p0, f->p1);
     int64_t piece_pos, piece_row, piece_len;
@@ -634,36 +737,46 @@ static void *first_worker(void *arg) {
             int64_t n = piece_len - off < BLOCK_FIRST ? piece_len - off : BLOCK_FIRST;
             int64_t pos = piece_pos + off, row = piece_row + off;
             float *dst = f->p_scan + pos;
-            if (!c->allowed) {
-                level_dots(c, 0, 1, NULL, row, n, dst);
-                f->scanned += n;
-                for (int64_t i = 0; i < n; i++) {
-                    Ent e = {dst[i], (int32_t)(row + i)};
-                    if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
-                }
-                continue;
+            int64_t m = n;
+            if (c->allowed) {
+                m = 0;
+                for (int64_t i = 0; i < n; i++)
+                    if (c->allowed[row + i]) rows[m++] = (int32_t)(row + i);
             }
-            int64_t m = 0;
-            for (int64_t i = 0; i < n; i++)
-                if (c->allowed[row + i]) rows[m++] = (int32_t)(row + i);
             if (m == n) {
-                level_dots(c, 0, 1, NULL, row, n, dst);
-                for (int64_t i = 0; i < n; i++) out[i] = dst[i];
+                first_partials(c, f->n_first, NULL, row, n, dst, tmp);
+                /* fused top-n_seed: once the heap is full, a chunk whose maximum does not beat its worst entry is
+                   skipped (rows ascend, so a tie with the worst entry never displaces it) */
+                for (int64_t i0 = 0; i0 < n; i0 += 64) {
+                    const int64_t i1 = i0 + 64 < n ? i0 + 64 : n;
+                    if (f->heap.n >= f->heap.cap) {
+                        if (f->heap.cap == 0) break;
+                        float mx = dst[i0];
+                        for (int64_t i = i0 + 1; i < i1; i++) mx = dst[i] > mx ? dst[i] : mx;
+                        if (!(mx > f->heap.e[0].s)) continue;
+                    }
+                    for (int64_t i = i0; i < i1; i++) {
+                        Ent e = {dst[i], (int32_t)(row + i)};
+                        if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
+                    }
+                }
             } else {
                 for (int64_t i = 0; i < n; i++) dst[i] = NAN; /* not a candidate */
-                level_dots(c, 0, 1, rows, 0, m, out);
-                for (int64_t i = 0; i < m; i++) dst[rows[i] - row] = out[i];
+                first_partials(c, f->n_first, rows, 0, m, out, tmp);
+                for (int64_t i = 0; i < m; i++) {
+                    dst[rows[i] - row] = out[i];
+                    Ent e = {out[i], rows[i]};
+                    if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
+                }
             }
             f->scanned += m;
-            for (int64_t i = 0; i < m; i++) {
-                Ent e = {out[i], m == n ? (int32_t)(row + i) : rows[i]};
-                if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
-            }
         }
     }
-    f->coords = f->scanned * w0;
+    f->coords = f->scanned * c->bounds[f->n_first];
+done:
     free(rows);
     free(out);
+    free(tmp);
     return NULL;
 }
 
@@ -676,7 +789,7 @@ typedef struct {
     const float *a, *cc, *bb; /* (L + 1,) bound coefficients per boundary */
     const int32_t *seed_rows_sorted; /* rows excluded from the scan (already exactly scored) */
     int64_t n_seeds;
-    int stop_level;
+    int stop_level, n_first;
     _Atomic uint32_t *shared_tau; /* float bits, monotone max */
     Heap heap;                    /* top k exact (initialised with the seeds' top k) */
     Heap partial;                 /* stop_level < L - 1: top `rescore` by partial score */
@@ -727,9 +840,10 @@ static void *rest_worker(void *arg) {
             const int64_t pos = piece_pos + off, row0 = piece_row + off;
             float tau = load_tau(r->shared_tau);
             if (tau_local > tau) tau = tau_local;
-            /* filter with the bound at boundary 1 (branch-free compaction; NaN, outside `allowed`, never passes) */
-            const float a1 = r->a[1], c1 = r->cc[1], b1 = r->bb[1];
-            const float *t1 = c->tails + c->N + row0;
+            /* filter with the bound at boundary n_first (branch-free; NaN, outside `allowed`, never passes) */
+            const int nf = r->n_first;
+            const float a1 = r->a[nf], c1 = r->cc[nf], b1 = r->bb[nf];
+            const float *t1 = c->tails + (int64_t)nf * c->N + row0;
             const float *ps = r->p_scan + pos;
             int64_t n = FILTER(ps, t1, nb, a1, c1, b1, tau, (int32_t)row0, rows, p);
             /* drop the seeds (already scored exactly); rows and seeds are both ascending */
@@ -750,8 +864,8 @@ static void *rest_worker(void *arg) {
                 for (int64_t i = 0; i < n; i++) rest[i] = p[i];
             else
                 for (int64_t i = 0; i < n; i++) rest[i] = 0.0f;
-            if (partial_mode && r->stop_level == 0) goto to_partial;
-            for (int l = 1; l < L && n > 0; l++) {
+            if (partial_mode && r->stop_level == nf - 1) goto to_partial;
+            for (int l = nf; l < L && n > 0; l++) {
                 const int64_t w = level_w(c, l);
                 r->alive[l] += n;
                 r->coords += n * w;
@@ -961,10 +1075,11 @@ static void run_workers(void *(*fn)(void *), void *args, size_t size, int thread
 }
 
 /*
- * scan_first(levels32, levels16, bounds, tails, q, allowed, ranges, N, n_seed, threads,
+ * scan_first(levels32, levels16, bounds, tails, q, allowed, ranges, N, n_first, n_seed, threads,
  *            p_scan_out, seed_rows_out, seed_partial_out, seed_exact_out) -> (n_seeds, scanned, coordinates)
  *
- * p_scan_out: (P,) float32, the level-0 partial score of every scanned position (NaN outside `allowed`);
+ * p_scan_out: (P,) float32, the partial score over the first n_first levels of every scanned position (NaN
+ * outside `allowed`);
  * seed_*_out: (n_seed,) int64 / float32 / float32: rows of the best partial scores (best first), those partial
  * scores, and their exact scores.  Only the first n_seeds entries are written.
  */
@@ -972,9 +1087,10 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
     StoreArgs sa;
     PyObject *pout_o, *srow_o, *spart_o, *sexact_o;
     Py_ssize_t n_seed;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnniOOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails, &sa.q,
-                          &sa.allowed, &sa.ranges, &sa.N, &n_seed, &threads, &pout_o, &srow_o, &spart_o, &sexact_o))
+    int threads, n_first;
+    if (!PyArg_ParseTuple(args, "OOOOOOOniniOOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails, &sa.q,
+                          &sa.allowed, &sa.ranges, &sa.N, &n_first, &n_seed, &threads, &pout_o, &srow_o, &spart_o,
+                          &sexact_o))
         return NULL;
     Views v = {.n = 0};
     Ctx c;
@@ -987,6 +1103,10 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
     if (fill_ctx(&c, &v, &sa) < 0) goto out;
     if (n_seed < 0) {
         PyErr_SetString(PyExc_ValueError, "n_seed must be >= 0");
+        goto out;
+    }
+    if (n_first < 1 || n_first > c.L || (c.L16 > 0 && n_first > c.L16)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 <= n_first <= L, and n_first <= L16 when there are float16 levels");
         goto out;
     }
     GET(pout_o, 4, c.P, 1, 1, "p_scan_out", p_scan, NULL);
@@ -1005,6 +1125,7 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
         fs[t].p0 = c.P * t / threads;
         fs[t].p1 = c.P * (t + 1) / threads;
         fs[t].p_scan = p_scan;
+        fs[t].n_first = n_first;
         fs[t].heap.cap = n_seed;
         fs[t].heap.e = all + t * n_seed;
     }
@@ -1058,21 +1179,21 @@ out:
 }
 
 /*
- * scan_rest(levels32, levels16, bounds, tails, q, allowed, ranges, N, p_scan, a, c, bb,
+ * scan_rest(levels32, levels16, bounds, tails, q, allowed, ranges, N, n_first, p_scan, a, c, bb,
  *           seed_rows, seed_exact, k, stop_level, rescore, threads, rows_out, scores_out, alive_out)
  *   -> (n_out, coordinates)
  *
  * a, c, bb: (L + 1,) float32 bound coefficients at each level boundary; seed_rows (S,) int64 and seed_exact (S,)
  * float32 from scan_first; rows_out (k,) int64 and scores_out (k,) float32 receive the result best first;
- * alive_out (L,) int64 is added to (candidates entering levels 1..L-1; the caller fills level 0).
+ * alive_out (L,) int64 is added to (candidates entering levels n_first..L-1; the caller fills the first ones).
  */
 static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
     StoreArgs sa;
     PyObject *pscan_o, *a_o, *c_o, *bb_o, *srow_o, *sexact_o, *rows_o, *scores_o, *alive_o;
     Py_ssize_t k, rescore;
-    int stop_level, threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnOOOOOOniniOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails,
-                          &sa.q, &sa.allowed, &sa.ranges, &sa.N, &pscan_o, &a_o, &c_o, &bb_o, &srow_o,
+    int stop_level, threads, n_first;
+    if (!PyArg_ParseTuple(args, "OOOOOOOniOOOOOOniniOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails,
+                          &sa.q, &sa.allowed, &sa.ranges, &sa.N, &n_first, &pscan_o, &a_o, &c_o, &bb_o, &srow_o,
                           &sexact_o, &k, &stop_level, &rescore, &threads, &rows_o, &scores_o, &alive_o))
         return NULL;
     Views v = {.n = 0};
@@ -1088,8 +1209,12 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
     float *scores_out;
     Py_ssize_t S, S2;
     if (fill_ctx(&c, &v, &sa) < 0) goto out;
-    if (k < 1 || rescore < 0 || stop_level < 0 || stop_level >= c.L) {
-        PyErr_SetString(PyExc_ValueError, "need k >= 1, rescore >= 0 and 0 <= stop_level < L");
+    if (n_first < 1 || n_first > c.L || (c.L16 > 0 && n_first > c.L16)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 <= n_first <= L, and n_first <= L16 when there are float16 levels");
+        goto out;
+    }
+    if (k < 1 || rescore < 0 || stop_level < n_first - 1 || stop_level >= c.L) {
+        PyErr_SetString(PyExc_ValueError, "need k >= 1, rescore >= 0 and n_first - 1 <= stop_level < L");
         goto out;
     }
     GET(pscan_o, 4, c.P, 0, 1, "p_scan", p_scan, NULL);
@@ -1160,6 +1285,7 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
         r->seed_rows_sorted = seed_sorted;
         r->n_seeds = S;
         r->stop_level = stop_level;
+        r->n_first = n_first;
         r->shared_tau = &shared_tau;
         r->heap.e = heap_mem + t * k;
         r->heap.cap = k;

@@ -123,6 +123,16 @@ class LevelLayout:
         """Coordinates held in float16, ``b_{fp16_levels}``."""
         return self.bounds[self.fp16_levels]
 
+    @property
+    def exact_first_levels(self) -> int:
+        """Levels the exact mode scans for every document before it prunes: those within the first D/6
+        coordinates (at least one; within the float16 levels when there are any).  The exact bound prunes little
+        before ~D/6 coordinates, so reading them in one streaming pass beats reading them for most documents
+        level by level; the data-aware bounds prune after the first level already (:func:`search`)."""
+        b = self.bounds
+        n = max(1, sum(1 for x in b[1:] if x <= max(b[1], round(self.D / 6))))
+        return min(n, self.fp16_levels) if self.fp16_levels else n
+
     @classmethod
     def uniform(cls, D: int, width: int, fp16_levels: int = 0) -> "LevelLayout":
         """Levels of ``width`` coordinates (the last one shorter when ``width`` does not divide D)."""
@@ -141,19 +151,20 @@ class LevelLayout:
 
     @classmethod
     def default(cls, D: int = 384) -> "LevelLayout":
-        """The measured default: boundaries 64, 96, 128, 192, 256, D, the first three levels (128 coordinates)
-        also in float16.
+        """The measured default: boundaries 32, 64, 96, 128, 192, 256, D, the first four levels (128
+        coordinates) also in float16.
 
-        Chosen on a synthetic 1M x 384 corpus with SciFact's spectrum, PCA rotation, exact bound, one thread
-        (``bench/results/levels/``): a wide first level read by every document in float16, then narrow levels
-        where most documents are dropped, then wide ones that few documents reach.  First levels of 32 (most
-        documents then read the second level too) were 1.2-1.4 x slower; float16 beyond 128 coordinates, or
-        finer levels after the first, changed the time by less than the run-to-run noise.  For another D the
-        same shape is scaled: boundaries at D/6, D/4, D/3, D/2, 2D/3, float16 up to D/3.
+        Chosen on a synthetic 1M x 384 corpus with SciFact's spectrum, PCA rotation, one thread
+        (``bench/results/levels/``).  Every document reads the first levels, so they are float16 (half the
+        bytes; float16 beyond 128 coordinates bought nothing, few documents get there).  The exact mode reads the
+        first 64 coordinates of every document in one streaming pass (:attr:`exact_first_levels` = 2) and prunes
+        from there; the data-aware bounds already drop almost every document after the first 32 coordinates,
+        which is what their cost is then made of.  For another D the same shape is scaled: boundaries at D/12,
+        D/6, D/4, D/3, D/2, 2D/3, float16 up to D/3.
         """
         if D == 384:
-            return cls.from_bounds((0, 64, 96, 128, 192, 256, 384), fp16_levels=3)
-        b = sorted({int(round(f * D)) for f in (1 / 6, 1 / 4, 1 / 3, 1 / 2, 2 / 3)} - {0, D})
+            return cls.from_bounds((0, 32, 64, 96, 128, 192, 256, 384), fp16_levels=4)
+        b = sorted({int(round(f * D)) for f in (1 / 12, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 2 / 3)} - {0, D})
         if not b:
             return cls((D,))
         return cls.from_bounds([0, *b, D], fp16_levels=sum(1 for x in b if x <= round(D / 3)))
@@ -370,8 +381,9 @@ class LevelEvidence:
         query_tail_sqnorm: (L + 1,) float64, ``||q[b_l:]||^2`` at every boundary (the query's tail energy).
         spread: (L + 1,) float64, ``sqrt(sum_{j >= b_l} q_j^2 E[d_j^2])`` (the data-aware bound at z = 1).
         z_grid: (Z,) float64, the confidences of ``survivors_at_z``.
-        survivors_at_z: (Z,) int64, documents whose partial score ``p >= tau - z * spread[1]``: how many the
-            data-aware filter at boundary 1 would keep at each z (empty when evidence was not requested).
+        survivors_at_z: (Z,) int64, documents whose partial score ``p >= tau - z * spread[f]`` (f = the first
+            levels scanned): how many the data-aware filter would keep at each z (empty when evidence was not
+            requested).
         scanned: int, documents scanned at level 0 (allowed rows in the ranges).
     """
 
@@ -418,7 +430,9 @@ class LevelState:
         allowed: (N,) bool or None.
         ranges: (R, 2) int64, the scanned row ranges ``[start, end)``.
         threads: kernel threads used by :func:`begin` (and by default by :func:`finish`).
-        p_scan: (P,) float32, level-0 partial score of every scanned position (NaN outside ``allowed``).
+        first_levels: levels scanned for every candidate.
+        p_scan: (P,) float32, the partial score over the first levels of every scanned position (NaN outside
+            ``allowed``).
         seed_rows, seed_partial, seed_exact: (S,) int64 / float32 / float32, the seeds, best partial first.
         scanned: documents scanned at level 0.
         coordinates: multiply-adds spent so far (level 0 plus the seeds' exact scores).
@@ -431,6 +445,7 @@ class LevelState:
     allowed: np.ndarray | None
     ranges: np.ndarray
     threads: int
+    first_levels: int
     p_scan: np.ndarray
     seed_rows: np.ndarray
     seed_partial: np.ndarray
@@ -553,9 +568,9 @@ def query_profile(store: LevelStore, q: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, threads: int = 1,
-          seeds: int | None = None, evidence: bool = True,
+          first_levels: int = 1, seeds: int | None = None, evidence: bool = True,
           z_grid: Sequence[float] = (1.0, 2.0, 3.0, 4.0)) -> LevelState:
-    """Scan level 0 and seed the threshold (the first phase of :func:`search`).
+    """Scan the first level(s) of every candidate and seed the threshold (the first phase of :func:`search`).
 
     Args:
         store: the :class:`LevelStore`.
@@ -564,7 +579,9 @@ def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, thread
         allowed: optional (N,) bool; only these documents may be returned (applied before the top-k).
         ranges: optional (R, 2) int, sorted disjoint ``[start, end)`` row ranges to scan (default: all rows).
         threads: kernel threads (1..256; the kernel uses at most one per 4096 rows).
-        seeds: documents given an exact score after level 0 (default :func:`default_seeds`).
+        first_levels: levels scanned for every candidate before any pruning (1 .. L; at most
+            ``layout.fp16_levels`` when there are float16 levels).  :func:`finish` prunes from there on.
+        seeds: documents given an exact score after the first levels (default :func:`default_seeds`).
         evidence: also count the survivors of the data-aware filter at each z of ``z_grid`` (one pass over the
             partial scores).
         z_grid: confidences for :attr:`LevelEvidence.survivors_at_z`.
@@ -573,35 +590,38 @@ def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, thread
         :class:`LevelState`.
 
     Raises:
-        ValueError: for a query, mask or ranges of the wrong shape or dtype, a non-finite query, k < 1.
+        ValueError: for a query, mask or ranges of the wrong shape or dtype, a non-finite query, k < 1, or
+            ``first_levels`` out of range.
     """
     q = _validate_query(store, query)
     k = _validate_int(k, "k", 1)
     threads = _validate_int(threads, "threads", 1, MAX_THREADS)
+    layout = store.layout
+    n_first = _validate_int(first_levels, "first_levels", 1, layout.fp16_levels or layout.L)
     n_seed = default_seeds(k) if seeds is None else _validate_int(seeds, "seeds", 0)
     allowed = _validate_allowed(store, allowed)
     ranges = _validate_ranges(store, ranges)
     P = int((ranges[:, 1] - ranges[:, 0]).sum())
+    n_seed = min(n_seed, P)
     p_scan = np.empty(P, dtype=np.float32)
     seed_rows = np.empty(n_seed, dtype=np.int64)
     seed_partial = np.empty(n_seed, dtype=np.float32)
     seed_exact = np.empty(n_seed, dtype=np.float32)
-    n_found, scanned, coords = _kernel.scan_first(*_store_args(store, q, allowed, ranges), n_seed, threads,
-                                                  p_scan, seed_rows, seed_partial, seed_exact)
+    n_found, scanned, coords = _kernel.scan_first(*_store_args(store, q, allowed, ranges), n_first, n_seed,
+                                                  threads, p_scan, seed_rows, seed_partial, seed_exact)
     seed_rows, seed_partial, seed_exact = seed_rows[:n_found], seed_partial[:n_found], seed_exact[:n_found]
     tail_sq, spread = query_profile(store, q)
     tau = float(np.sort(seed_exact)[::-1][k - 1]) if n_found >= k else float("-inf")
     zg = np.asarray(z_grid, dtype=np.float64)
     counts = np.zeros(len(zg), dtype=np.int64)
     if evidence and len(zg) and P:
-        b1 = min(1, store.layout.L)
-        thresholds = (tau - zg * spread[b1]).astype(np.float32)
+        thresholds = (tau - zg * spread[n_first]).astype(np.float32)
         if not np.isfinite(tau):
             thresholds[:] = -np.inf
         _kernel.count_at_least(p_scan, thresholds, counts)
     ev = LevelEvidence(seed_partial, seed_exact, tau, tail_sq, spread, zg, counts if evidence else counts[:0],
                        int(scanned))
-    return LevelState(store, q, k, allowed, ranges, threads, p_scan, seed_rows, seed_partial, seed_exact,
+    return LevelState(store, q, k, allowed, ranges, threads, n_first, p_scan, seed_rows, seed_partial, seed_exact,
                       int(scanned), int(coords), ev)
 
 
@@ -646,9 +666,9 @@ def finish(state: LevelState, *, bound: str = "exact", z: float | None = None, s
         state: from :func:`begin` (not modified).
         bound: "exact" (Cauchy-Schwarz, certified), "data_aware" or "data_aware_doc" (see the module docstring).
         z: the confidence of the data-aware bounds (default 4.0; ignored by "exact"), finite and >= 0.
-        stop_level: the last level scanned with pruning (default L - 1: all).  With an earlier level the
-            ``rescore`` best partial scores among that level's survivors get exact scores and the result is
-            not certified.
+        stop_level: the last level scanned with pruning (default L - 1: all; at least ``first_levels - 1``).
+            With an earlier level the ``rescore`` best partial scores among that level's survivors get exact
+            scores and the result is not certified.
         rescore: candidates rescored at ``stop_level`` < L - 1 (default 10 k), >= k.
         threads: kernel threads (default: the state's).
 
@@ -656,8 +676,8 @@ def finish(state: LevelState, *, bound: str = "exact", z: float | None = None, s
         :class:`LevelResult`.
 
     Raises:
-        ValueError: for an unknown bound, a negative or non-finite z, a stop level outside [0, L - 1],
-            rescore < k.
+        ValueError: for an unknown bound, a negative or non-finite z, a stop level outside
+            [first_levels - 1, L - 1], rescore < k.
     """
     store, k = state.store, state.k
     L = store.layout.L
@@ -671,17 +691,19 @@ def finish(state: LevelState, *, bound: str = "exact", z: float | None = None, s
                 or not np.isfinite(z_used) or z_used < 0:
             raise ValueError(f"z must be a finite number >= 0, got {z!r}")
         z_used = float(z_used)
-    stop = L - 1 if stop_level is None else _validate_int(stop_level, "stop_level", 0, L - 1)
+    stop = L - 1 if stop_level is None else _validate_int(stop_level, "stop_level", state.first_levels - 1, L - 1)
     n_rescore = 10 * k if rescore is None else _validate_int(rescore, "rescore", k)
     threads = state.threads if threads is None else _validate_int(threads, "threads", 1, MAX_THREADS)
     a, c, bb = bound_coefficients(store, state.evidence.query_tail_sqnorm, state.evidence.spread, bound, z_used)
-    rows = np.empty(k, dtype=np.int64)
-    scores = np.empty(k, dtype=np.float32)
+    k_eff = max(1, min(k, state.scanned))  # no more results than candidates (bounds the heaps' memory)
+    rows = np.empty(k_eff, dtype=np.int64)
+    scores = np.empty(k_eff, dtype=np.float32)
     alive = np.zeros(L, dtype=np.int64)
-    alive[0] = state.scanned
-    n_out, coords = _kernel.scan_rest(*_store_args(store, state.query, state.allowed, state.ranges), state.p_scan,
-                                      a, c, bb, state.seed_rows, state.seed_exact, k, stop, n_rescore, threads,
-                                      rows, scores, alive)
+    alive[:state.first_levels] = state.scanned
+    n_out, coords = _kernel.scan_rest(*_store_args(store, state.query, state.allowed, state.ranges),
+                                      state.first_levels, state.p_scan,
+                                      a, c, bb, state.seed_rows, state.seed_exact, k_eff, stop,
+                                      max(k_eff, min(n_rescore, state.scanned)), threads, rows, scores, alive)
     return LevelResult(rows=rows[:n_out], scores=scores[:n_out], coordinates=int(state.coordinates + coords),
                        alive_per_level=alive, certified=bound == "exact" and stop == L - 1, bound=bound, z=z_used,
                        stop_level=stop, threshold_seed=state.evidence.threshold, scanned=state.scanned,
@@ -690,7 +712,7 @@ def finish(state: LevelState, *, bound: str = "exact", z: float | None = None, s
 
 def search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float | None = None, allowed=None,
            ranges=None, threads: int = 1, stop_level: int | None = None, rescore: int | None = None,
-           seeds: int | None = None) -> LevelResult:
+           seeds: int | None = None, first_levels: int | None = None) -> LevelResult:
     """Top-k by exact full-width inner product, pruned level by level: ``finish(begin(...))``.
 
     Args:
@@ -699,6 +721,8 @@ def search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float |
         k: results wanted, >= 1; k' = min(k, allowed documents in the ranges) come back.
         bound, z, stop_level, rescore: see :func:`finish`.
         allowed, ranges, threads, seeds: see :func:`begin`.
+        first_levels: levels scanned for every candidate (default: ``layout.exact_first_levels`` for the exact
+            bound, 1 for the data-aware bounds).
 
     Returns:
         :class:`LevelResult`; with ``bound="exact"`` (and the default stop level) ``rows`` is exactly the
@@ -707,5 +731,8 @@ def search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float |
     Raises:
         ValueError: see :func:`begin` and :func:`finish`.
     """
-    state = begin(store, query, k, allowed=allowed, ranges=ranges, threads=threads, seeds=seeds, evidence=False)
+    if first_levels is None:
+        first_levels = store.layout.exact_first_levels if bound == "exact" else 1
+    state = begin(store, query, k, allowed=allowed, ranges=ranges, threads=threads, first_levels=first_levels,
+                  seeds=seeds, evidence=False)
     return finish(state, bound=bound, z=z, stop_level=stop_level, rescore=rescore)

@@ -80,7 +80,7 @@ class _TopK:
 
 def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float | None = None,
                      allowed=None, ranges=None, stop_level: int | None = None, rescore: int | None = None,
-                     seeds: int | None = None) -> LevelResult:
+                     seeds: int | None = None, first_levels: int | None = None) -> LevelResult:
     """What :func:`adawidth.levels.search` returns with ``threads=1``, computed in numpy.
 
     Args and returns: as :func:`adawidth.levels.search`.
@@ -96,7 +96,10 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
         raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
     z_used = None if bound == "exact" else float(DEFAULT_Z if z is None else z)
     L, D = store.layout.L, store.D
-    stop = L - 1 if stop_level is None else _validate_int(stop_level, "stop_level", 0, L - 1)
+    if first_levels is None:
+        first_levels = store.layout.exact_first_levels if bound == "exact" else 1
+    nf = _validate_int(first_levels, "first_levels", 1, store.layout.fp16_levels or L)
+    stop = L - 1 if stop_level is None else _validate_int(stop_level, "stop_level", nf - 1, L - 1)
     partial_mode = stop < L - 1
     n_rescore = 10 * k if rescore is None else _validate_int(rescore, "rescore", k)
     n_seed = default_seeds(k) if seeds is None else _validate_int(seeds, "seeds", 0)
@@ -107,19 +110,25 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
     ok = np.ones(len(pos_rows), dtype=bool) if allowed is None else allowed[pos_rows]
     # level 0 and the seeds
     p_scan = np.full(len(pos_rows), np.nan, dtype=np.float32)
-    p_scan[ok] = _dots(store, 0, pos_rows[ok], q, use16=True)
+    first = _dots(store, 0, pos_rows[ok], q, use16=True)
+    for l in range(1, nf):
+        first += _dots(store, l, pos_rows[ok], q, use16=True)
+    p_scan[ok] = first
     scanned = int(ok.sum())
-    coords = scanned * widths[0]
+    n_seed = min(n_seed, len(pos_rows))
+    k_eff = max(1, min(k, scanned))  # as the kernel: no more results than candidates
+    n_rescore = max(k_eff, min(n_rescore, scanned))
+    coords = scanned * store.layout.bounds[nf]
     _, seed_rows = _top(p_scan[ok], pos_rows[ok], n_seed)
     seed_exact = exact_scores(store, seed_rows, q)
     coords += len(seed_rows) * D
     tau0 = float(np.sort(seed_exact)[::-1][k - 1]) if len(seed_rows) >= k else float("-inf")
     tail_sq, spread = query_profile(store, q)
     a, c, bb = bound_coefficients(store, tail_sq, spread, bound, z_used)
-    top = _TopK(k, seed_exact, seed_rows)
+    top = _TopK(k_eff, seed_exact, seed_rows)
     is_seed = np.isin(pos_rows, seed_rows)
     alive = np.zeros(L, dtype=np.int64)
-    alive[0] = scanned
+    alive[:nf] = scanned
     partial_s: list[np.ndarray] = []
     partial_r: list[np.ndarray] = []
 
@@ -130,11 +139,11 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
             sl = slice(int(starts[r]) + off, min(int(starts[r + 1]), int(starts[r]) + off + SCAN_BLOCK))
             tau = np.float32(top.worst)
             rows, p = pos_rows[sl], p_scan[sl]
-            keep = ((p + np.minimum(a[1] * tails[1][rows], c[1])) + bb[1] >= tau) & ~is_seed[sl]
+            keep = ((p + np.minimum(a[nf] * tails[nf][rows], c[nf])) + bb[nf] >= tau) & ~is_seed[sl]
             rows, p = rows[keep], p[keep]
             rest = p.copy() if store.layout.fp16_levels == 0 else np.zeros(len(p), dtype=np.float32)
-            stopped = partial_mode and stop == 0
-            for l in range(1, L):
+            stopped = partial_mode and stop == nf - 1
+            for l in range(nf, L):
                 if stopped or len(rows) == 0:
                     break
                 alive[l] += len(rows)
@@ -174,7 +183,7 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
         coords += len(pr) * D
     cs, cr = np.concatenate(cand_s), np.concatenate(cand_r)
     _, first = np.unique(cr, return_index=True)
-    scores, rows = _top(cs[first], cr[first], k)
+    scores, rows = _top(cs[first], cr[first], k_eff)
     return LevelResult(rows=rows.astype(np.int64), scores=scores.astype(np.float32), coordinates=int(coords),
                        alive_per_level=alive, certified=bound == "exact" and not partial_mode, bound=bound, z=z_used,
                        stop_level=stop, threshold_seed=tau0, scanned=scanned, n_seeds=len(seed_rows), D=D)

@@ -12,9 +12,10 @@ Methods (k = 10):
   through ``RemapDimensionsTransform``), the C = 10 * k_factor best rescored at full width by the same
   ``IndexFlatIP`` (work N m + C D);
 * ``ours_exact_fp32`` / ``ours_exact_fp16``: :func:`adawidth.levels.search`, Cauchy-Schwarz bound (certified),
-  the default layout without / with its float16 leading levels;
+  the default layout without / with its float16 leading levels (the first 64 coordinates read by every
+  document, :attr:`adawidth.levels.LevelLayout.exact_first_levels`);
 * ``ours_<bound>_z{z}``: the data-aware bound ``data_aware`` or ``data_aware_doc`` at confidence z
-  (default layout, float16).
+  (default layout, float16; pruning from the first level, 32 coordinates, on).
 
 Corpora: SciFact (5,183 documents, the 300 test queries; frozen encoder through the embedding cache) and a
 synthetic corpus of ``--synthetic-n`` documents drawn from a Gaussian fitted to SciFact's document embeddings
@@ -361,8 +362,9 @@ def main(argv=None) -> int:
     p.add_argument("--synthetic-queries", type=int, default=200)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--panorama-levels", type=int, nargs="+", default=[8, 16, 24])
-    p.add_argument("--funnels", type=str, nargs="+", default=["32:10", "32:20", "32:50", "32:100", "64:10", "64:20",
-                                                                "64:50"], help="prefix:k_factor")
+    p.add_argument("--funnels", type=str, nargs="+", default=["32:10", "32:20", "32:50", "32:100", "32:200", "48:20",
+                                                                "48:50", "48:100", "64:10", "64:20", "64:50", "64:100"],
+                   help="prefix:k_factor")
     p.add_argument("--skip-scifact", action="store_true")
     p.add_argument("--skip-identity", action="store_true")
     p.add_argument("--layouts", action="store_true", help="sweep level layouts (exact mode, synthetic corpus)")

@@ -105,10 +105,12 @@ def test_kernel_equals_the_numpy_reference_bit_for_bit(grid, rng, layout, bound)
         for allowed in masks:
             for ranges in (None, [[10, 500], [2000, 7000], [8990, 9000]]):
                 for k in (1, 10, 120):
-                    kw = dict(bound=bound, z=2.0, allowed=allowed, ranges=ranges)
-                    got, ref = search(store, q, k, **kw), reference_search(store, q, k, **kw)
-                    assert same_result(got, ref), (k, allowed is None, ranges)
-                    assert got.certified == ref.certified == (bound == "exact")
+                    for first in sorted({1, layout.exact_first_levels, layout.fp16_levels or layout.L}):
+                        kw = dict(bound=bound, z=2.0, allowed=allowed, ranges=ranges, first_levels=first)
+                        got, ref = search(store, q, k, **kw), reference_search(store, q, k, **kw)
+                        assert same_result(got, ref), (k, allowed is None, ranges, first)
+                        assert got.certified == ref.certified == (bound == "exact")
+                        assert np.all(got.alive_per_level[:first] == got.scanned)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -134,6 +136,10 @@ def test_stop_level_rescores_the_best_partial_scores(grid):
             assert same_result(got, reference_search(store, q, 10, stop_level=stop, rescore=40))
             assert not got.certified and got.stop_level == stop
             np.testing.assert_array_equal(got.scores, (X[got.rows].astype(np.float64) @ q).astype(np.float32))
+        with pytest.raises(ValueError, match="stop_level"):
+            search(store, q, 10, first_levels=2, stop_level=0)
+        assert same_result(search(store, q, 10, first_levels=2, stop_level=1, rescore=40),
+                           reference_search(store, q, 10, first_levels=2, stop_level=1, rescore=40))
         # rescoring every survivor of the first prune is the exhaustive answer again
         full = search(store, q, 10, stop_level=0, rescore=len(X))
         assert_exhaustive(full, X, q, 10)
@@ -167,13 +173,14 @@ def test_random_shapes_agree_with_the_reference_and_brute_force(n, k, seed, fp16
 
 @pytest.mark.parametrize("fp16_levels", [0, 3])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_exact_mode_is_the_exhaustive_top_k(real, fp16_levels, threads):
+@pytest.mark.parametrize("first_levels", [1, 2, 3])
+def test_exact_mode_is_the_exhaustive_top_k(real, fp16_levels, threads, first_levels):
     X, Q = real
     layout = LevelLayout.from_bounds((0, 12, 16, 24, 32, 48, 64), fp16_levels)
     store = LevelStore.build(X, layout)
     for q in Q:
         for k in (1, 10, 50):
-            res = search(store, q, k, threads=threads)
+            res = search(store, q, k, threads=threads, first_levels=first_levels)
             assert res.certified and res.bound == "exact" and res.z is None
             assert_exhaustive(res, X, q, k)
             assert res.coordinates < len(X) * X.shape[1]  # pruning happened on a PCA-rotated corpus
@@ -396,8 +403,12 @@ def test_from_arrays_refuses_incomplete_or_wrong_arrays(real):
 
 
 def test_layout_validation():
-    assert LevelLayout.default(384).bounds == (0, 64, 96, 128, 192, 256, 384)
+    assert LevelLayout.default(384).bounds == (0, 32, 64, 96, 128, 192, 256, 384)
     assert LevelLayout.default(384).fp16_width == 128
+    assert LevelLayout.default(384).exact_first_levels == 2
+    assert LevelLayout.uniform(384, 16).exact_first_levels == 4
+    assert LevelLayout.uniform(384, 16, fp16_levels=2).exact_first_levels == 2
+    assert LevelLayout((384,)).exact_first_levels == 1
     assert LevelLayout.uniform(50, 16).widths == (16, 16, 16, 2)
     for bad in (dict(widths=()), dict(widths=(0, 4)), dict(widths=(4,), fp16_levels=2), dict(widths=(1,) * 65)):
         with pytest.raises(ValueError):
@@ -436,6 +447,9 @@ def test_bad_inputs_raise_clear_value_errors(real):
         (dict(stop_level=6), "stop_level"),
         (dict(stop_level=-1), "stop_level"),
         (dict(stop_level=2, rescore=3), "rescore"),
+        (dict(first_levels=0), "first_levels"),
+        (dict(first_levels=2), "first_levels"),  # beyond the float16 levels
+        (dict(first_levels=1, stop_level=0, rescore=9), "rescore"),
         (dict(seeds=-1), "seeds"),
     ]
     for kw, message in cases:
@@ -465,10 +479,12 @@ def test_the_kernel_checks_its_buffers(real):
     args = lv._store_args(store, Q[0], None, np.array([[0, 100]], np.int64))
     out = [np.empty(100, np.float32), np.empty(4, np.int64), np.empty(4, np.float32), np.empty(4, np.float32)]
     with pytest.raises(ValueError, match="at least"):
-        lv._kernel.scan_first(*args, 4, 1, np.empty(10, np.float32), *out[1:])
+        lv._kernel.scan_first(*args, 1, 4, 1, np.empty(10, np.float32), *out[1:])
     with pytest.raises(ValueError, match="bytes"):
-        lv._kernel.scan_first(*args, 4, 1, np.empty(100, np.float64), *out[1:])
+        lv._kernel.scan_first(*args, 1, 4, 1, np.empty(100, np.float64), *out[1:])
+    with pytest.raises(ValueError, match="n_first"):
+        lv._kernel.scan_first(*args, 7, 4, 1, *out)
     bad_ranges = lv._store_args(store, Q[0], None, np.array([[0, 500]], np.int64))
     with pytest.raises(ValueError, match="ranges"):
-        lv._kernel.scan_first(*bad_ranges, 4, 1, *out)
+        lv._kernel.scan_first(*bad_ranges, 1, 4, 1, *out)
     assert lv._kernel.BLOCK == lv.SCAN_BLOCK
