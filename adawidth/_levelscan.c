@@ -96,25 +96,27 @@ static inline float row_dot16_generic(const uint16_t *x, const float *q, int64_t
     return s;
 }
 
-static void dot32_generic(const void *X_, int64_t w, const int32_t *rows, int64_t start, int64_t n,
-                          const float *q, float *out) {
-    const float *X = (const float *)X_;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = rows ? rows[i] : start + i;
-        if (rows && i + PREFETCH_ROWS < n) __builtin_prefetch(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-        out[i] = row_dot32_generic(X + r * w, q, w);
+/* The row loops around a row kernel: dense rows start..start+n-1, or gathered rows (prefetched ahead). */
+#define DEFINE_DOT_LOOP(NAME, TARGET, T, ROW_DOT)                                                              \
+    TARGET static void NAME(const void *X_, int64_t w, const int32_t *rows, int64_t start, int64_t n,            \
+                            const float *q, float *out) {                                                        \
+        const T *X = (const T *)X_;                                                                              \
+        if (!rows) {                                                                                             \
+            for (int64_t i = 0; i < n; i++) out[i] = ROW_DOT(X + (start + i) * w, q, w);                         \
+            return;                                                                                              \
+        }                                                                                                        \
+        for (int64_t i = 0; i < n; i++) {                                                                        \
+            if (i + PREFETCH_ROWS < n) {                                                                         \
+                const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);                        \
+                for (int64_t b = 0; b < w * (int64_t)sizeof(T); b += 64) __builtin_prefetch(p + b);              \
+            }                                                                                                    \
+            out[i] = ROW_DOT(X + (int64_t)rows[i] * w, q, w);                                                    \
+        }                                                                                                        \
     }
-}
 
-static void dot16_generic(const void *X_, int64_t w, const int32_t *rows, int64_t start, int64_t n,
-                          const float *q, float *out) {
-    const uint16_t *X = (const uint16_t *)X_;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = rows ? rows[i] : start + i;
-        if (rows && i + PREFETCH_ROWS < n) __builtin_prefetch(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-        out[i] = row_dot16_generic(X + r * w, q, w);
-    }
-}
+#define NO_TARGET
+DEFINE_DOT_LOOP(dot32_generic, NO_TARGET, float, row_dot32_generic)
+DEFINE_DOT_LOOP(dot16_generic, NO_TARGET, uint16_t, row_dot16_generic)
 
 #if LV_X86
 /* ---- AVX2 + FMA + F16C: 8 lanes, two accumulators ---- */
@@ -161,39 +163,8 @@ __attribute__((target("avx2,fma,f16c"))) static inline float row_dot16_avx2(cons
     return s;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void dot32_avx2(const void *X_, int64_t w, const int32_t *rows,
-                                                                int64_t start, int64_t n, const float *q,
-                                                                float *out) {
-    const float *X = (const float *)X_;
-    if (!rows) {
-        for (int64_t i = 0; i < n; i++) out[i] = row_dot32_avx2(X + (start + i) * w, q, w);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH_ROWS < n) {
-            const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-            for (int64_t b = 0; b < w * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        out[i] = row_dot32_avx2(X + (int64_t)rows[i] * w, q, w);
-    }
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void dot16_avx2(const void *X_, int64_t w, const int32_t *rows,
-                                                                int64_t start, int64_t n, const float *q,
-                                                                float *out) {
-    const uint16_t *X = (const uint16_t *)X_;
-    if (!rows) {
-        for (int64_t i = 0; i < n; i++) out[i] = row_dot16_avx2(X + (start + i) * w, q, w);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH_ROWS < n) {
-            const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-            for (int64_t b = 0; b < w * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        out[i] = row_dot16_avx2(X + (int64_t)rows[i] * w, q, w);
-    }
-}
+DEFINE_DOT_LOOP(dot32_avx2, __attribute__((target("avx2,fma,f16c"))), float, row_dot32_avx2)
+DEFINE_DOT_LOOP(dot16_avx2, __attribute__((target("avx2,fma,f16c"))), uint16_t, row_dot16_avx2)
 
 /* ---- AVX-512F: 16 lanes, two accumulators ---- */
 __attribute__((target("avx512f"))) static inline float row_dot32_avx512(const float *x, const float *q,
@@ -233,37 +204,8 @@ __attribute__((target("avx512f"))) static inline float row_dot16_avx512(const ui
     return s;
 }
 
-__attribute__((target("avx512f"))) static void dot32_avx512(const void *X_, int64_t w, const int32_t *rows,
-                                                            int64_t start, int64_t n, const float *q, float *out) {
-    const float *X = (const float *)X_;
-    if (!rows) {
-        for (int64_t i = 0; i < n; i++) out[i] = row_dot32_avx512(X + (start + i) * w, q, w);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH_ROWS < n) {
-            const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-            for (int64_t b = 0; b < w * 4; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        out[i] = row_dot32_avx512(X + (int64_t)rows[i] * w, q, w);
-    }
-}
-
-__attribute__((target("avx512f"))) static void dot16_avx512(const void *X_, int64_t w, const int32_t *rows,
-                                                            int64_t start, int64_t n, const float *q, float *out) {
-    const uint16_t *X = (const uint16_t *)X_;
-    if (!rows) {
-        for (int64_t i = 0; i < n; i++) out[i] = row_dot16_avx512(X + (start + i) * w, q, w);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH_ROWS < n) {
-            const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);
-            for (int64_t b = 0; b < w * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
-        out[i] = row_dot16_avx512(X + (int64_t)rows[i] * w, q, w);
-    }
-}
+DEFINE_DOT_LOOP(dot32_avx512, __attribute__((target("avx512f"))), float, row_dot32_avx512)
+DEFINE_DOT_LOOP(dot16_avx512, __attribute__((target("avx512f"))), uint16_t, row_dot16_avx512)
 #endif
 
 /* ---- pruning filters ----

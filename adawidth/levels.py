@@ -3,8 +3,8 @@
 After an energy-compacting rotation (PCA of the document second moment, :func:`adawidth.rotation.pca_rotation`)
 the leading coordinates carry most of every inner product.  The rotated corpus is stored **level-major**: a
 level is a contiguous range of coordinates ``[b_l, b_{l+1})`` and each level is one contiguous row-major
-``(N, w_l)`` array.  A query scans level 0 for every candidate, seeds a threshold ``tau`` with the exact
-scores of the best partial scores, then goes block by block: a document is dropped as soon as
+``(N, w_l)`` array.  A query scans the first level(s) of every candidate, seeds a threshold ``tau`` with the
+exact scores of the best partial scores, then goes block by block: a document is dropped as soon as
 
     p_i(b) + bound_i(b) < tau,        p_i(b) = <q[:b], d_i[:b]>,
 
@@ -16,8 +16,9 @@ the lower row.
 Bounds (``bound=``):
 
 * ``"exact"``: Cauchy-Schwarz on the stored tail norms, ``bound_i(b) = ||q[b:]|| * ||d_i[b:]||``.  The result
-  is exactly the exhaustive top-k (``certified=True``).  Source: Panorama, arXiv 2510.00566 (Sec. 4; the
-  faiss ``IndexFlatIPPanorama``), which this module follows in storing levels contiguously.
+  is exactly the exhaustive top-k (``certified=True``).  Source: Panorama, arXiv 2510.00566 (level-wise
+  Cauchy-Schwarz pruning over level-major storage; faiss ``IndexFlatIPPanorama``).  Unlike Panorama, the
+  threshold is seeded before the pruning scan with the exact scores of the best first-level partial scores.
 * ``"data_aware"``: the unscanned tail dot product's spread estimated from the per-coordinate second moments
   of the rotated corpus, ``bound(b) = z * sqrt(sum_{j>=b} q_j^2 E[d_j^2])`` (one value per query and level;
   FINDINGS.md, "Turn 2: adapting width per candidate").  A stated recall, not a certificate.
@@ -50,7 +51,7 @@ AVX2 chosen at import time); ``threads > 1`` shards one query's rows over the ke
 shared threshold.  :mod:`adawidth.levels_reference` is a pure-numpy implementation of the same algorithm,
 the oracle of the tests.
 
-Two-phase form, for a per-query policy: :func:`begin` scans level 0 and returns a :class:`LevelState` with
+Two-phase form, for a per-query policy: :func:`begin` scans the first level(s) and returns a :class:`LevelState` with
 cheap evidence (:class:`LevelEvidence`); :func:`finish` completes it with a chosen bound, confidence ``z``
 and stopping level.  A state is not modified by :func:`finish`, so it can be finished several times.
 :func:`search` is ``finish(begin(...))``.
@@ -372,10 +373,10 @@ def _check_array(a, name: str, dtype, shape: tuple[int, ...]) -> None:
 
 @dataclass(frozen=True)
 class LevelEvidence:
-    """Cheap per-query evidence after level 0 (for a policy that picks z and the stopping level).
+    """Cheap per-query evidence after the first level(s) (for a policy that picks z and the stopping level).
 
     Attributes:
-        partial_top: (S,) float32, the best level-0 partial scores, best first (S = seeds found).
+        partial_top: (S,) float32, the best first-level partial scores, best first (S = seeds found).
         seed_exact: (S,) float32, the exact scores of the same documents.
         threshold: float, the k-th best exact seed score (the first threshold tau), -inf with fewer than k seeds.
         query_tail_sqnorm: (L + 1,) float64, ``||q[b_l:]||^2`` at every boundary (the query's tail energy).
@@ -384,7 +385,7 @@ class LevelEvidence:
         survivors_at_z: (Z,) int64, documents whose partial score ``p >= tau - z * spread[f]`` (f = the first
             levels scanned): how many the data-aware filter would keep at each z (empty when evidence was not
             requested).
-        scanned: int, documents scanned at level 0 (allowed rows in the ranges).
+        scanned: int, documents scanned (allowed rows in the ranges).
     """
 
     partial_top: np.ndarray
@@ -421,7 +422,7 @@ class LevelEvidence:
 
 @dataclass(frozen=True, eq=False)
 class LevelState:
-    """A query after :func:`begin`: level 0 scanned, the threshold seeded.  Read-only; finish it any number of times.
+    """A query after :func:`begin`: first level(s) scanned, threshold seeded.  Read-only; finish it any number of times.
 
     Attributes:
         store: the :class:`LevelStore`.
@@ -434,8 +435,8 @@ class LevelState:
         p_scan: (P,) float32, the partial score over the first levels of every scanned position (NaN outside
             ``allowed``).
         seed_rows, seed_partial, seed_exact: (S,) int64 / float32 / float32, the seeds, best partial first.
-        scanned: documents scanned at level 0.
-        coordinates: multiply-adds spent so far (level 0 plus the seeds' exact scores).
+        scanned: documents scanned.
+        coordinates: multiply-adds spent so far (the first levels plus the seeds' exact scores).
         evidence: :class:`LevelEvidence`.
     """
 
@@ -462,14 +463,15 @@ class LevelResult:
     Attributes:
         rows: (k',) int64, document rows best first; k' = min(k, allowed documents in the ranges).
         scores: (k',) float32, their exact float32 inner products over all D coordinates (higher is better).
-        coordinates: int, multiply-adds spent: level 0, the seeds, every later level, float32 rescoring.
-        alive_per_level: (L,) int64, candidates entering each level (level 0: all scanned documents).
+        coordinates: int, multiply-adds spent: the first levels, the seeds, every later level, the float32
+            rescoring of the float16 levels.
+        alive_per_level: (L,) int64, candidates entering each level (the first levels: all scanned documents).
         certified: True only when the result is provably the exhaustive top-k (exact bound, full depth).
         bound: the bound used ("exact", "data_aware" or "data_aware_doc").
         z: the confidence used, None for the exact bound.
         stop_level: the last level scanned with pruning (L - 1 = all).
         threshold_seed: the first threshold tau (k-th best exact seed score; -inf with fewer than k seeds).
-        scanned: documents scanned at level 0.
+        scanned: documents scanned (allowed documents in the ranges).
         n_seeds: documents scored exactly to seed the threshold.
         D: coordinates per document (for :attr:`coordinate_share`).
     """
@@ -503,7 +505,7 @@ class LevelResult:
 
 
 def default_seeds(k: int) -> int:
-    """Documents scored exactly after level 0 to seed the threshold: ``max(4 k, 32)``."""
+    """Documents scored exactly after the first level(s) to seed the threshold: ``max(4 k, 32)``."""
     return max(4 * k, 32)
 
 

@@ -1,12 +1,14 @@
 """Pure-numpy reference of :func:`adawidth.levels.search` (the oracle of the tests; never on a hot path).
 
-The same algorithm as the compiled kernel with one thread, step for step: level 0 over every candidate, the
-seeds (the best partial scores, exactly scored), then blocks of :data:`adawidth.levels.SCAN_BLOCK` rows in
-scan order, each pruned level by level with the bound ``(p + min(a[b] * ||d[b:]||, c[b])) + bb[b] >= tau``
-evaluated in float32, the survivors of the last level scored exactly (:func:`exact_scores`) and kept in a top-k whose k-th score is the threshold.  Only the inner products are summed in another order
-(numpy's), so on data whose products and sums are exact in float32 (small dyadic values) the reference and
-the kernel agree bit for bit: rows, scores, candidates alive per level and coordinates.  On other data they
-agree on the exact mode's result; scores differ by float32 rounding.
+The same algorithm as the compiled kernel with one thread, step for step: the first levels over every
+candidate, the seeds (the best partial scores, exactly scored), then blocks of
+:data:`adawidth.levels.SCAN_BLOCK` rows in scan order, each pruned level by level with the bound
+``(p + min(a[b] * ||d[b:]||, c[b])) + bb[b] >= tau`` evaluated in float32, the survivors of the last level
+scored exactly (:func:`exact_scores`) and kept in a top-k whose k-th score is the threshold.  Only the inner
+products are summed in another order (numpy's), so on data whose products and sums are exact in float32
+(small dyadic values) the reference and the kernel agree bit for bit: rows, scores, candidates alive per
+level and coordinates.  On other data they agree on the exact mode's result; scores differ by float32
+rounding.
 
 Source: Panorama, arXiv 2510.00566 (level-wise Cauchy-Schwarz pruning); the data-aware bounds are described
 in :mod:`adawidth.levels`.
@@ -108,7 +110,7 @@ def reference_search(store: LevelStore, query, k: int, *, bound: str = "exact", 
     pos_rows = np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in ranges]) if len(ranges) else \
         np.zeros(0, dtype=np.int64)
     ok = np.ones(len(pos_rows), dtype=bool) if allowed is None else allowed[pos_rows]
-    # level 0 and the seeds
+    # the first levels and the seeds
     p_scan = np.full(len(pos_rows), np.nan, dtype=np.float32)
     first = _dots(store, 0, pos_rows[ok], q, use16=True)
     for l in range(1, nf):

@@ -199,8 +199,10 @@ def scifact_embeddings(home: Path, dataset: Path):
     return e.X.astype(np.float32), e.Qt.astype(np.float32)
 
 
-def run_corpus(name: str, X: np.ndarray, Q: np.ndarray, rotation: str, args, faiss, full: bool = True) -> dict:
-    """Build every index over X (already rotated) and measure at 1 and 2 threads."""
+def run_corpus(name: str, data: dict, rotation: str, args, faiss, full: bool = True) -> dict:
+    """Build every index over ``data["X"]`` (already rotated; popped, and freed once the indexes hold it) and
+    measure ``data["Q"]`` at 1 and 2 threads."""
+    X, Q = data.pop("X"), data.pop("Q")
     N, D = X.shape
     t = time.perf_counter()
     store = lv.LevelStore.build(X)
@@ -210,6 +212,7 @@ def run_corpus(name: str, X: np.ndarray, Q: np.ndarray, rotation: str, args, fai
     flat = keep[0]
     ref = [flat.search(Q[i:i + 1], K)[1][0] for i in range(len(Q))] if N > 200_000 else exhaustive(X, Q)
     methods = fm + our_methods(store, Z_GRID if full else (), () if not full else ("data_aware", "data_aware_doc"))
+    del X
     gc.collect()
     rows = []
     for threads in args.threads:
@@ -405,7 +408,7 @@ def main(argv=None) -> int:
                 continue
             Xr = (X_sf @ Rm.T).astype(np.float32) if Rm is not None else X_sf
             Qr = (Q_sf @ Rm.T).astype(np.float32) if Rm is not None else Q_sf
-            res = run_corpus("scifact", Xr, Qr, rotation, args, faiss, full=rotation == "pca")
+            res = run_corpus("scifact", {"X": Xr, "Q": Qr}, rotation, args, faiss, full=rotation == "pca")
             rows += res["rows"]
             meta.append(res["meta"])
     if args.synthetic_n:
@@ -413,10 +416,11 @@ def main(argv=None) -> int:
             if rotation == "identity" and args.skip_identity:
                 continue
             X, Q = synthetic(args, R, X_sf, rotated=rotation == "pca")
-            res = run_corpus("synthetic", X, Q, rotation, args, faiss, full=rotation == "pca")
+            data = {"X": X, "Q": Q}
+            del X, Q
+            res = run_corpus("synthetic", data, rotation, args, faiss, full=rotation == "pca")
             rows += res["rows"]
             meta.append(res["meta"])
-            del X, Q
             gc.collect()
     report = {"title": "Certified-width kernel against faiss (one query at a time)", "command": command,
               "machine": machine(), "isa": lv._kernel.isa(), "note": note,

@@ -121,7 +121,8 @@ def test_every_simd_variant_gives_the_same_bits(grid, isa):
         used = lv._kernel.set_isa(isa)
         for q in Q:
             for bound in lv.BOUNDS:
-                assert same_result(search(store, q, 10, bound=bound, z=1.5), reference_search(store, q, 10, bound=bound, z=1.5))
+                kw = dict(bound=bound, z=1.5)
+                assert same_result(search(store, q, 10, **kw), reference_search(store, q, 10, **kw))
     finally:
         lv._kernel.set_isa("auto")
     assert used in ISAS
