@@ -47,6 +47,7 @@
 #define MAX_THREADS 256
 #define BLOCK 2048       /* rows per block of scan_rest (its per-thread buffers stay in L1/L2) */
 #define BLOCK_FIRST 4096 /* rows per block of scan_first */
+static int64_t MIN_ROWS_PER_THREAD = 32768; /* set_min_rows_per_thread changes it (tests) */
 
 /* ------------------------------------------------------------------------------------------------ SIMD */
 
@@ -993,10 +994,12 @@ static void free_ctx(Ctx *c) {
     c->range_off = NULL;
 }
 
-static int clamp_threads(int threads, int64_t P, int64_t block) {
+/* Threads actually used: at most one per MIN_ROWS_PER_THREAD rows (below that, starting a thread costs more than
+   it saves). */
+static int clamp_threads(int threads, int64_t P) {
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    int64_t max_useful = P / block > 0 ? P / block : 1;
+    int64_t max_useful = P / MIN_ROWS_PER_THREAD > 0 ? P / MIN_ROWS_PER_THREAD : 1;
     if (threads > max_useful) threads = (int)max_useful;
     return threads;
 }
@@ -1055,7 +1058,7 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
     GET(srow_o, 8, n_seed, 1, 1, "seed_rows_out", seed_rows, NULL);
     GET(spart_o, 4, n_seed, 1, 1, "seed_partial_out", seed_part, NULL);
     GET(sexact_o, 4, n_seed, 1, 1, "seed_exact_out", seed_exact, NULL);
-    threads = clamp_threads(threads, c.P, BLOCK_FIRST);
+    threads = clamp_threads(threads, c.P);
     fs = calloc((size_t)threads, sizeof(First));
     all = malloc(sizeof(Ent) * (size_t)(threads * n_seed + 1));
     if (!fs || !all) {
@@ -1178,7 +1181,7 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
             goto out;
         }
 
-    threads = clamp_threads(threads, c.P, BLOCK);
+    threads = clamp_threads(threads, c.P);
     const int full = stop_level == c.L - 1;
     const int64_t part_cap = full ? 0 : rescore;
     rs = calloc((size_t)threads, sizeof(Rest));
@@ -1346,12 +1349,26 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(ISA);
 }
 
+static PyObject *py_set_min_rows_per_thread(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n", &n)) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "rows per thread must be >= 1");
+        return NULL;
+    }
+    Py_ssize_t old = (Py_ssize_t)MIN_ROWS_PER_THREAD;
+    MIN_ROWS_PER_THREAD = n;
+    return PyLong_FromSsize_t(old);
+}
+
 static PyMethodDef methods[] = {
     {"scan_first", py_scan_first, METH_VARARGS, "Level 0 over every candidate, fused top-n_seed, the seeds' exact scores."},
     {"scan_rest", py_scan_rest, METH_VARARGS, "Levels 1..L-1 with pruning and a fused top-k."},
     {"count_at_least", py_count_at_least, METH_VARARGS, "Counts of values >= each threshold."},
     {"isa", py_isa, METH_NOARGS, "The SIMD variant in use: avx512, avx2 or generic."},
     {"set_isa", py_set_isa, METH_VARARGS, "Select a SIMD variant (auto, generic, avx2, avx512); the best available below it is used."},
+    {"set_min_rows_per_thread", py_set_min_rows_per_thread, METH_VARARGS,
+     "Set the rows per kernel thread below which fewer threads are used (default 32768); returns the old value."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -580,7 +580,9 @@ def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, thread
         k: results wanted, >= 1.
         allowed: optional (N,) bool; only these documents may be returned (applied before the top-k).
         ranges: optional (R, 2) int, sorted disjoint ``[start, end)`` row ranges to scan (default: all rows).
-        threads: kernel threads (1..256; the kernel uses at most one per 4096 rows).
+        threads: kernel threads for this one query (1..256; the kernel uses at most one per 32,768 scanned rows,
+            so small corpora and short row ranges run on the calling thread).  Give it the machine's cores at
+            N >= 100k when queries arrive one at a time.
         first_levels: levels scanned for every candidate before any pruning (1 .. L; at most
             ``layout.fp16_levels`` when there are float16 levels).  :func:`finish` prunes from there on.
         seeds: documents given an exact score after the first levels (default :func:`default_seeds`).

@@ -66,6 +66,14 @@ def assert_exhaustive(res, X, q, k, allowed=None, ranges=None, tol=2e-6):
     assert np.all(np.diff(res.scores) <= 0)
 
 
+@pytest.fixture(autouse=True)
+def small_thread_shards():
+    """Let the kernel split even these small corpora over threads (it keeps 32,768 rows a thread by default)."""
+    old = lv._kernel.set_min_rows_per_thread(1024)
+    yield
+    lv._kernel.set_min_rows_per_thread(old)
+
+
 @pytest.fixture(scope="module")
 def rng():
     return np.random.default_rng(20260515)
