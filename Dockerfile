@@ -23,17 +23,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     ADAWIDTH_HOME=/var/lib/adawidth HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# libgomp1: faiss and LightGBM (OpenMP); curl: health checks.  Versions follow the base image's Debian
-# release (security updates included), so they are not pinned here.
+# libgomp1: faiss and LightGBM (OpenMP); curl: health checks; gcc, libc6-dev: `pip install .` compiles the
+# pruning kernel (adawidth/_levelscan.c, setup.py).  Versions follow the base image's Debian release (security
+# updates included), so they are not pinned here.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libgomp1 curl \
+ && apt-get install -y --no-install-recommends libgomp1 curl gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/adawidth adawidth \
  && mkdir -p /var/lib/adawidth \
  && chown adawidth /var/lib/adawidth
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY adawidth ./adawidth
 COPY engine ./engine
 COPY adawidth_client ./adawidth_client

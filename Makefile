@@ -22,7 +22,8 @@ export TRANSFORMERS_OFFLINE := 1
 # What the demo needs: the gateway, the client, and the trainer (torch exports the encoder to ONNX and trains
 # the adapter).  torch is pinned and installed first: an unpinned torch pulled in by sentence-transformers
 # would be a multi-GB CUDA build.
-$(BIN)/.installed-demo: pyproject.toml
+# setup.py builds the compiled kernel (adawidth/_levelscan.c, needs gcc and the Python headers) in place.
+$(BIN)/.installed-demo: pyproject.toml setup.py adawidth/_levelscan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0

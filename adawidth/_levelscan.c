@@ -1,0 +1,1394 @@
+/*
+ * adawidth._levelscan: the compiled level-by-level pruning scan behind adawidth.levels.
+ *
+ * The rotated corpus is stored level-major: level l is one row-major (N, w_l) float32 array (and, for the
+ * first L16 levels, a float16 copy).  A query is scanned in two calls:
+ *
+ *   scan_first  the first level(s) over every candidate row (fused top-n_seed heap on the partial scores), then the
+ *               exact full-width scores of the n_seed best partial scores (the seeds, which give the first
+ *               threshold: the k-th best exact seed score is a lower bound on the final k-th best score);
+ *   scan_rest   block by block: drop a row as soon as partial + bound(tail) < threshold, add the next level
+ *               for the survivors, give the rows that reach the last level their exact score (fused top-k
+ *               heap, which raises the threshold).
+ *
+ * The bound at level boundary b is  min(a[b] * tail_norm[b][row], c[b]) + bb[b]; the caller (adawidth/levels.py)
+ * chooses a, c and bb: Cauchy-Schwarz a = ||q[b:]||, c = inf (exact); the data-aware bound c = z sqrt(sum_{j>=b}
+ * q_j^2 E[d_j^2]) (never looser than Cauchy-Schwarz); its document-aware variant a = min(||q[b:]||,
+ * z sqrt(...) / rms(b)).  bb holds the rounding slack (and the float16 error).
+ * Source: Panorama, arXiv 2510.00566 (level-major storage, Cauchy-Schwarz pruning); the data-aware bound is
+ * this project's (FINDINGS.md, Turn 2).
+ *
+ * Exact scores are float32 sums over the float32 levels computed by one rule: the levels without a float16
+ * copy first (s = 0; s += <q_l, d_l> for l = L16..L-1), then the float32 dots of the float16 levels
+ * (s += <q_l, d_l> for l = 0..L16-1).  The first part is the running sum the scan keeps anyway, so a survivor
+ * is rescored over the float16 levels only, and a row gets the same score whichever path scores it.  Ties: higher score
+ * first, then lower row.  The GIL is released while scanning; a query can be sharded over `threads`
+ * pthreads (shared threshold, merged heaps).  SIMD: AVX-512F or AVX2+FMA+F16C chosen at import time on
+ * x86-64, portable C elsewhere.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(LV_PORTABLE_ONLY)
+#include <immintrin.h>
+#define LV_X86 1
+#else
+#define LV_X86 0
+#endif
+
+#define MAX_LEVELS 64
+#define MAX_THREADS 256
+#define BLOCK 2048       /* rows per block of scan_rest (its per-thread buffers stay in L1/L2) */
+#define BLOCK_FIRST 4096 /* rows per block of scan_first */
+static int64_t MIN_ROWS_PER_THREAD = 32768; /* set_min_rows_per_thread changes it (tests) */
+
+/* ------------------------------------------------------------------------------------------------ SIMD */
+
+#define PREFETCH_ROWS 32 /* how many rows ahead a sparse (gathered) scan prefetches */
+
+/* out[i] = <X[row_i, :w], q[:w]> where row_i = rows[i] (sparse) or start + i (rows == NULL, dense). */
+typedef void (*dot_fn)(const void *X, int64_t w, const int32_t *rows, int64_t start, int64_t n,
+                       const float *q, float *out);
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {
+        if (m == 0) {
+            bits = sign;
+        } else { /* subnormal: m * 2^-24 is exact in float32 */
+            float v = (float)m * 5.9604644775390625e-8f;
+            return sign ? -v : v;
+        }
+    } else if (e == 31) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else {
+        bits = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Portable versions: eight independent lanes (vectorisable without reassociation), fixed reduction order. */
+static inline float row_dot32_generic(const float *x, const float *q, int64_t w) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= w; j += 8)
+        for (int t = 0; t < 8; t++) acc[t] += x[j + t] * q[j + t];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; j < w; j++) s += x[j] * q[j];
+    return s;
+}
+
+static inline float row_dot16_generic(const uint16_t *x, const float *q, int64_t w) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= w; j += 8)
+        for (int t = 0; t < 8; t++) acc[t] += half_to_float(x[j + t]) * q[j + t];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
+    return s;
+}
+
+/* The row loops around a row kernel: dense rows start..start+n-1, or gathered rows (prefetched ahead). */
+#define DEFINE_DOT_LOOP(NAME, TARGET, T, ROW_DOT)                                                              \
+    TARGET static void NAME(const void *X_, int64_t w, const int32_t *rows, int64_t start, int64_t n,            \
+                            const float *q, float *out) {                                                        \
+        const T *X = (const T *)X_;                                                                              \
+        if (!rows) {                                                                                             \
+            for (int64_t i = 0; i < n; i++) out[i] = ROW_DOT(X + (start + i) * w, q, w);                         \
+            return;                                                                                              \
+        }                                                                                                        \
+        for (int64_t i = 0; i < n; i++) {                                                                        \
+            if (i + PREFETCH_ROWS < n) {                                                                         \
+                const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);                        \
+                for (int64_t b = 0; b < w * (int64_t)sizeof(T); b += 64) __builtin_prefetch(p + b);              \
+            }                                                                                                    \
+            out[i] = ROW_DOT(X + (int64_t)rows[i] * w, q, w);                                                    \
+        }                                                                                                        \
+    }
+
+#define NO_TARGET
+DEFINE_DOT_LOOP(dot32_generic, NO_TARGET, float, row_dot32_generic)
+DEFINE_DOT_LOOP(dot16_generic, NO_TARGET, uint16_t, row_dot16_generic)
+
+#if LV_X86
+/* ---- AVX2 + FMA + F16C: 8 lanes, two accumulators ---- */
+__attribute__((target("avx2,fma,f16c"))) static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline float row_dot32_avx2(const float *x, const float *q,
+                                                                            int64_t w) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= w; j += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(q + j), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(q + j + 8), a1);
+    }
+    if (j + 8 <= w) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(q + j), a0);
+        j += 8;
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; j < w; j++) s += x[j] * q[j];
+    return s;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline float row_dot16_avx2(const uint16_t *x, const float *q,
+                                                                            int64_t w) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= w; j += 16) {
+        __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j)));
+        __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j + 8)));
+        a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(q + j), a0);
+        a1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(q + j + 8), a1);
+    }
+    if (j + 8 <= w) {
+        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
+        j += 8;
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
+    return s;
+}
+
+DEFINE_DOT_LOOP(dot32_avx2, __attribute__((target("avx2,fma,f16c"))), float, row_dot32_avx2)
+DEFINE_DOT_LOOP(dot16_avx2, __attribute__((target("avx2,fma,f16c"))), uint16_t, row_dot16_avx2)
+
+/* ---- AVX-512F: 16 lanes, two accumulators ---- */
+__attribute__((target("avx512f"))) static inline float row_dot32_avx512(const float *x, const float *q,
+                                                                        int64_t w) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= w; j += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(q + j), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(q + j + 16), a1);
+    }
+    if (j + 16 <= w) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(q + j), a0);
+        j += 16;
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; j < w; j++) s += x[j] * q[j];
+    return s;
+}
+
+__attribute__((target("avx512f"))) static inline float row_dot16_avx512(const uint16_t *x, const float *q,
+                                                                        int64_t w) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= w; j += 32) {
+        __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j)));
+        __m512 x1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j + 16)));
+        a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q + j), a0);
+        a1 = _mm512_fmadd_ps(x1, _mm512_loadu_ps(q + j + 16), a1);
+    }
+    if (j + 16 <= w) {
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
+                             a0);
+        j += 16;
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
+    return s;
+}
+
+DEFINE_DOT_LOOP(dot32_avx512, __attribute__((target("avx512f"))), float, row_dot32_avx512)
+DEFINE_DOT_LOOP(dot16_avx512, __attribute__((target("avx512f"))), uint16_t, row_dot16_avx512)
+#endif
+
+/* ---- pruning filters ----
+ * filter: the first prune, over a block's partial scores ps[0..nb) and tail norms t[0..nb): keeps i when
+ *         (ps[i] + min(a * t[i], c)) + b >= tau, writing rows (row0 + i) and p (ps[i]) compacted; returns the
+ *         count.
+ * prune:  the later prunes, in place over n candidates: keeps i when (p[i] + min(a * tl[rows[i]], c)) + b >= tau,
+ *         compacting rows, p and rest.
+ * Every variant evaluates the bound with the same float operations (a product, then two sums, no fused
+ * multiply-add), so all variants keep the same rows.  NaN partial scores (rows outside `allowed`) never pass.
+ * The SIMD variants store whole vectors: rows, p and rest need SLACK spare entries past the end. */
+#define SLACK 16
+typedef int64_t (*filter_fn)(const float *ps, const float *t, int64_t nb, float a, float c, float b, float tau,
+                             int32_t row0, int32_t *rows, float *p);
+typedef int64_t (*prune_fn)(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows, float *p,
+                            float *rest);
+
+static inline float min_f(float x, float y) { return y < x ? y : x; }
+
+static int64_t filter_generic(const float *ps, const float *t, int64_t nb, float a, float c, float b, float tau,
+                              int32_t row0, int32_t *rows, float *p) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        const float v = ps[i];
+        const float ub = (v + min_f(a * t[i], c)) + b;
+        rows[n] = row0 + (int32_t)i;
+        p[n] = v;
+        n += ub >= tau;
+    }
+    return n;
+}
+
+static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows,
+                             float *p, float *rest) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
+        rows[m] = rows[i];
+        p[m] = p[i];
+        rest[m] = rest[i];
+        m += ub >= tau;
+    }
+    return m;
+}
+
+#if LV_X86
+static int32_t COMPACT_LUT[256][8]; /* for mask m: the indices of its set bits, in order */
+
+static void init_compact_lut(void) {
+    for (int m = 0; m < 256; m++) {
+        int k = 0;
+        for (int j = 0; j < 8; j++)
+            if (m & (1 << j)) COMPACT_LUT[m][k++] = j;
+        while (k < 8) COMPACT_LUT[m][k++] = 0;
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static int64_t filter_avx2(const float *ps, const float *t, int64_t nb,
+                                                                    float a, float c, float b, float tau,
+                                                                    int32_t row0, int32_t *rows, float *p) {
+    const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c), vb = _mm256_set1_ps(b), vt = _mm256_set1_ps(tau);
+    __m256i vrow = _mm256_add_epi32(_mm256_set1_epi32(row0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i v8 = _mm256_set1_epi32(8);
+    int64_t n = 0, i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const __m256 v = _mm256_loadu_ps(ps + i);
+        const __m256 ub = _mm256_add_ps(_mm256_add_ps(v, _mm256_min_ps(_mm256_mul_ps(va, _mm256_loadu_ps(t + i)), vc)), vb);
+        const int m = _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ));
+        const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[m]);
+        _mm256_storeu_si256((__m256i *)(rows + n), _mm256_permutevar8x32_epi32(vrow, perm));
+        _mm256_storeu_ps(p + n, _mm256_permutevar8x32_ps(v, perm));
+        n += __builtin_popcount((unsigned)m);
+        vrow = _mm256_add_epi32(vrow, v8);
+    }
+    for (; i < nb; i++) {
+        const float v = ps[i];
+        const float ub = (v + min_f(a * t[i], c)) + b;
+        rows[n] = row0 + (int32_t)i;
+        p[n] = v;
+        n += ub >= tau;
+    }
+    return n;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static int64_t prune_avx2(const float *tl, int64_t n, float a, float c,
+                                                                   float b, float tau, int32_t *rows, float *p,
+                                                                   float *rest) {
+    const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c), vb = _mm256_set1_ps(b), vt = _mm256_set1_ps(tau);
+    int64_t m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i idx = _mm256_loadu_si256((const __m256i *)(rows + i));
+        const __m256 v = _mm256_loadu_ps(p + i), r = _mm256_loadu_ps(rest + i);
+        const __m256 tv = _mm256_i32gather_ps(tl, idx, 4);
+        const __m256 ub = _mm256_add_ps(_mm256_add_ps(v, _mm256_min_ps(_mm256_mul_ps(va, tv), vc)), vb);
+        const int k = _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ));
+        const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[k]);
+        _mm256_storeu_si256((__m256i *)(rows + m), _mm256_permutevar8x32_epi32(idx, perm));
+        _mm256_storeu_ps(p + m, _mm256_permutevar8x32_ps(v, perm));
+        _mm256_storeu_ps(rest + m, _mm256_permutevar8x32_ps(r, perm));
+        m += __builtin_popcount((unsigned)k);
+    }
+    for (; i < n; i++) {
+        const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
+        rows[m] = rows[i];
+        p[m] = p[i];
+        rest[m] = rest[i];
+        m += ub >= tau;
+    }
+    return m;
+}
+
+__attribute__((target("avx512f"))) static int64_t filter_avx512(const float *ps, const float *t, int64_t nb, float a,
+                                                                float c, float b, float tau, int32_t row0,
+                                                                int32_t *rows, float *p) {
+    const __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vt = _mm512_set1_ps(tau);
+    __m512i vrow = _mm512_add_epi32(_mm512_set1_epi32(row0),
+                                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i v16 = _mm512_set1_epi32(16);
+    int64_t n = 0, i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        const __m512 v = _mm512_loadu_ps(ps + i);
+        const __m512 ub = _mm512_add_ps(_mm512_add_ps(v, _mm512_min_ps(_mm512_mul_ps(va, _mm512_loadu_ps(t + i)), vc)), vb);
+        const __mmask16 k = _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ);
+        _mm512_storeu_si512((void *)(rows + n), _mm512_maskz_compress_epi32(k, vrow));
+        _mm512_storeu_ps(p + n, _mm512_maskz_compress_ps(k, v));
+        n += __builtin_popcount((unsigned)k);
+        vrow = _mm512_add_epi32(vrow, v16);
+    }
+    for (; i < nb; i++) {
+        const float v = ps[i];
+        const float ub = (v + min_f(a * t[i], c)) + b;
+        rows[n] = row0 + (int32_t)i;
+        p[n] = v;
+        n += ub >= tau;
+    }
+    return n;
+}
+
+__attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, int64_t n, float a, float c, float b,
+                                                               float tau, int32_t *rows, float *p, float *rest) {
+    const __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vt = _mm512_set1_ps(tau);
+    int64_t m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i idx = _mm512_loadu_si512((const void *)(rows + i));
+        const __m512 v = _mm512_loadu_ps(p + i), r = _mm512_loadu_ps(rest + i);
+        const __m512 tv = _mm512_i32gather_ps(idx, tl, 4);
+        const __m512 ub = _mm512_add_ps(_mm512_add_ps(v, _mm512_min_ps(_mm512_mul_ps(va, tv), vc)), vb);
+        const __mmask16 k = _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ);
+        _mm512_storeu_si512((void *)(rows + m), _mm512_maskz_compress_epi32(k, idx));
+        _mm512_storeu_ps(p + m, _mm512_maskz_compress_ps(k, v));
+        _mm512_storeu_ps(rest + m, _mm512_maskz_compress_ps(k, r));
+        m += __builtin_popcount((unsigned)k);
+    }
+    for (; i < n; i++) {
+        const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
+        rows[m] = rows[i];
+        p[m] = p[i];
+        rest[m] = rest[i];
+        m += ub >= tau;
+    }
+    return m;
+}
+#endif
+
+/* ---- the first pass over several float16 levels: one accumulator per row across the levels ----
+ * out[i] = sum over l < nl of <q[b_l:b_{l+1}], X_l[row_i]> with one rounding tree per row (used only where the
+ * partial score prunes and seeds, never as an exact score: the float16 levels are always rescored). */
+typedef struct {
+    int nl;
+    const uint16_t *X[MAX_LEVELS];
+    int64_t w[MAX_LEVELS];
+    const float *q[MAX_LEVELS];
+} Multi16;
+
+typedef void (*multi_fn)(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out);
+
+static void multi16_generic(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        float s = 0.0f;
+        for (int l = 0; l < m->nl; l++) s += row_dot16_generic(m->X[l] + r * m->w[l], m->q[l], m->w[l]);
+        out[i] = s;
+    }
+}
+
+#if LV_X86
+__attribute__((target("avx2,fma,f16c"))) static void multi16_avx2(const Multi16 *m, const int32_t *rows, int64_t start,
+                                                                  int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        float tail = 0.0f;
+        for (int l = 0; l < m->nl; l++) {
+            const uint16_t *x = m->X[l] + r * m->w[l];
+            const float *q = m->q[l];
+            const int64_t w = m->w[l];
+            int64_t j = 0;
+            for (; j + 16 <= w; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j + 8))),
+                                     _mm256_loadu_ps(q + j + 8), a1);
+            }
+            if (j + 8 <= w) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
+                j += 8;
+            }
+            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
+        }
+        out[i] = hsum256(_mm256_add_ps(a0, a1)) + tail;
+    }
+}
+
+__attribute__((target("avx512f"))) static void multi16_avx512(const Multi16 *m, const int32_t *rows, int64_t start,
+                                                              int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : start + i;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        float tail = 0.0f;
+        for (int l = 0; l < m->nl; l++) {
+            const uint16_t *x = m->X[l] + r * m->w[l];
+            const float *q = m->q[l];
+            const int64_t w = m->w[l];
+            int64_t j = 0;
+            for (; j + 32 <= w; j += 32) {
+                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
+                                     a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j + 16))),
+                                     _mm512_loadu_ps(q + j + 16), a1);
+            }
+            if (j + 16 <= w) {
+                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
+                                     a0);
+                j += 16;
+            }
+            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
+        }
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tail;
+    }
+}
+#endif
+
+static dot_fn DOT32 = dot32_generic, DOT16 = dot16_generic;
+static multi_fn MULTI16 = multi16_generic;
+static filter_fn FILTER = filter_generic;
+static prune_fn PRUNE = prune_generic;
+static const char *ISA = "generic";
+
+/* The SIMD variant: want NULL = the best available; "generic", "avx2" or "avx512" = at most that one. */
+static void select_isa(const char *want) {
+    DOT32 = dot32_generic;
+    DOT16 = dot16_generic;
+    MULTI16 = multi16_generic;
+    FILTER = filter_generic;
+    PRUNE = prune_generic;
+    ISA = "generic";
+#if LV_X86
+    __builtin_cpu_init();
+    init_compact_lut();
+    int has512 = __builtin_cpu_supports("avx512f");
+    int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (want && strcmp(want, "generic") == 0) return;
+    if (has512 && (!want || strcmp(want, "avx512") == 0)) {
+        DOT32 = dot32_avx512;
+        DOT16 = dot16_avx512;
+        MULTI16 = multi16_avx512;
+        FILTER = filter_avx512;
+        PRUNE = prune_avx512;
+        ISA = "avx512";
+    } else if (has2) {
+        DOT32 = dot32_avx2;
+        DOT16 = dot16_avx2;
+        MULTI16 = multi16_avx2;
+        FILTER = filter_avx2;
+        PRUNE = prune_avx2;
+        ISA = "avx2";
+    }
+#else
+    (void)want;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------------ heaps */
+
+typedef struct {
+    float s;
+    int32_t r;
+} Ent;
+
+/* a ranks below b: lower score, or the same score and a higher row */
+static inline int worse(Ent a, Ent b) { return a.s < b.s || (a.s == b.s && a.r > b.r); }
+
+typedef struct {
+    Ent *e;
+    int64_t n, cap;
+} Heap; /* binary heap, root = the worst entry kept */
+
+static void heap_sift_down(Heap *h, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && worse(h->e[l], h->e[m])) m = l;
+        if (r < h->n && worse(h->e[r], h->e[m])) m = r;
+        if (m == i) return;
+        Ent t = h->e[i];
+        h->e[i] = h->e[m];
+        h->e[m] = t;
+        i = m;
+    }
+}
+
+/* keep x if it ranks among the cap best seen; returns 1 when kept */
+static inline int heap_push(Heap *h, Ent x) {
+    if (h->cap <= 0) return 0;
+    if (h->n < h->cap) {
+        int64_t i = h->n++;
+        h->e[i] = x;
+        while (i > 0) {
+            int64_t p = (i - 1) / 2;
+            if (!worse(h->e[i], h->e[p])) break;
+            Ent t = h->e[i];
+            h->e[i] = h->e[p];
+            h->e[p] = t;
+            i = p;
+        }
+        return 1;
+    }
+    if (!worse(h->e[0], x)) return 0;
+    h->e[0] = x;
+    heap_sift_down(h, 0);
+    return 1;
+}
+
+static int ent_better_first(const void *a_, const void *b_) {
+    Ent a = *(const Ent *)a_, b = *(const Ent *)b_;
+    if (worse(b, a)) return -1;
+    if (worse(a, b)) return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------ context */
+
+typedef struct {
+    int L, L16;
+    int64_t N, D;
+    int64_t bounds[MAX_LEVELS + 1];
+    const float *lv32[MAX_LEVELS];
+    const uint16_t *lv16[MAX_LEVELS];
+    const float *tails;    /* (L + 1, N) */
+    const float *q;        /* (D,) */
+    const uint8_t *allowed; /* (N,) or NULL */
+    const int64_t *ranges; /* (R, 2) [start, end) sorted, disjoint */
+    int64_t n_ranges;
+    int64_t *range_off; /* (R + 1,) first position of each range */
+    int64_t P;          /* positions = rows to scan */
+} Ctx;
+
+static inline int64_t level_w(const Ctx *c, int l) { return c->bounds[l + 1] - c->bounds[l]; }
+
+/* dots of level l for rows (sparse) or start..start+n (dense); fp16 copy when l < L16 and use16 */
+static inline void level_dots(const Ctx *c, int l, int use16, const int32_t *rows, int64_t start, int64_t n,
+                              float *out) {
+    const float *ql = c->q + c->bounds[l];
+    if (use16 && l < c->L16)
+        DOT16(c->lv16[l], level_w(c, l), rows, start, n, ql, out);
+    else
+        DOT32(c->lv32[l], level_w(c, l), rows, start, n, ql, out);
+}
+
+/* Completes exact scores: out = rest + the float32 dots of the float16 levels, added in level order. */
+static void finish_scores(const Ctx *c, const int32_t *rows, int64_t n, const float *rest, float *out, float *tmp) {
+    for (int64_t i = 0; i < n; i++) out[i] = rest[i];
+    for (int l = 0; l < c->L16; l++) {
+        level_dots(c, l, 0, rows, 0, n, tmp);
+        for (int64_t i = 0; i < n; i++) out[i] += tmp[i];
+    }
+}
+
+/* The exact scores of n rows from scratch (the rule in the header); rest and tmp are n-float scratch. */
+static void exact_scores(const Ctx *c, const int32_t *rows, int64_t n, float *out, float *rest, float *tmp) {
+    for (int64_t i = 0; i < n; i++) rest[i] = 0.0f;
+    for (int l = c->L16; l < c->L; l++) {
+        level_dots(c, l, 0, rows, 0, n, tmp);
+        for (int64_t i = 0; i < n; i++) rest[i] += tmp[i];
+    }
+    finish_scores(c, rows, n, rest, out, tmp);
+}
+
+/* Positions [p0, p1) of the concatenated ranges, piece by piece (each piece inside one range). */
+typedef struct {
+    const Ctx *c;
+    int64_t r, p, p1;
+} Pieces;
+
+static void pieces_init(Pieces *it, const Ctx *c, int64_t p0, int64_t p1) {
+    int64_t lo = 0, hi = c->n_ranges;
+    while (hi - lo > 1) { /* the last range whose first position is <= p0 */
+        int64_t mid = (lo + hi) / 2;
+        if (c->range_off[mid] <= p0) lo = mid; else hi = mid;
+    }
+    it->c = c;
+    it->r = lo;
+    it->p = p0;
+    it->p1 = p1;
+}
+
+static int pieces_next(Pieces *it, int64_t *pos, int64_t *row, int64_t *len) {
+    const Ctx *c = it->c;
+    while (it->r < c->n_ranges && it->p < it->p1) {
+        int64_t end = c->range_off[it->r + 1] < it->p1 ? c->range_off[it->r + 1] : it->p1;
+        if (end > it->p) {
+            *pos = it->p;
+            *row = c->ranges[2 * it->r] + (it->p - c->range_off[it->r]);
+            *len = end - it->p;
+            it->p = end;
+            return 1;
+        }
+        it->r++;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------ pass 1 */
+
+typedef struct {
+    const Ctx *c;
+    int64_t p0, p1;
+    float *p_scan;
+    int n_first; /* levels scanned for every row */
+    Heap heap;   /* top n_seed by partial score */
+    int64_t scanned, coords;
+    int failed;
+} First;
+
+/* The partial scores of the first n_first levels for n rows: dense rows start..start+n-1 (rows == NULL) or the
+   given rows; tmp is n-float scratch.  Over float32 levels they are summed in level order from 0 (they are the
+   start of the exact score); over float16 levels they only prune and rank seeds, so one accumulator spans the
+   levels (one reduction per row). */
+static void first_partials(const Ctx *c, int n_first, const int32_t *rows, int64_t start, int64_t n, float *out,
+                           float *tmp) {
+    if (n_first > 1 && c->L16 >= n_first) { /* float16 levels: one pass, one reduction per row */
+        Multi16 m;
+        m.nl = n_first;
+        for (int l = 0; l < n_first; l++) {
+            m.X[l] = c->lv16[l];
+            m.w[l] = level_w(c, l);
+            m.q[l] = c->q + c->bounds[l];
+        }
+        MULTI16(&m, rows, start, n, out);
+        return;
+    }
+    level_dots(c, 0, 1, rows, start, n, out);
+    for (int l = 1; l < n_first; l++) {
+        level_dots(c, l, 1, rows, start, n, tmp);
+        for (int64_t i = 0; i < n; i++) out[i] += tmp[i];
+    }
+}
+
+static void *first_worker(void *arg) {
+    First *f = (First *)arg;
+    const Ctx *c = f->c;
+    int32_t *rows = malloc(sizeof(int32_t) * BLOCK_FIRST);
+    float *out = malloc(sizeof(float) * BLOCK_FIRST), *tmp = malloc(sizeof(float) * BLOCK_FIRST);
+    if (!rows || !out || !tmp) {
+        f->failed = 1;
+        goto done;
+    }
+    Pieces it;
+    pieces_init(&it, c, f->p0, f->p1);
+    int64_t piece_pos, piece_row, piece_len;
+    while (pieces_next(&it, &piece_pos, &piece_row, &piece_len)) {
+        for (int64_t off = 0; off < piece_len; off += BLOCK_FIRST) {
+            int64_t n = piece_len - off < BLOCK_FIRST ? piece_len - off : BLOCK_FIRST;
+            int64_t pos = piece_pos + off, row = piece_row + off;
+            float *dst = f->p_scan + pos;
+            int64_t m = n;
+            if (c->allowed) {
+                m = 0;
+                for (int64_t i = 0; i < n; i++)
+                    if (c->allowed[row + i]) rows[m++] = (int32_t)(row + i);
+            }
+            if (m == n) {
+                first_partials(c, f->n_first, NULL, row, n, dst, tmp);
+                /* fused top-n_seed: once the heap is full, a chunk whose maximum does not beat its worst entry is
+                   skipped (rows ascend, so a tie with the worst entry never displaces it) */
+                for (int64_t i0 = 0; i0 < n; i0 += 64) {
+                    const int64_t i1 = i0 + 64 < n ? i0 + 64 : n;
+                    if (f->heap.n >= f->heap.cap) {
+                        if (f->heap.cap == 0) break;
+                        float mx = dst[i0];
+                        for (int64_t i = i0 + 1; i < i1; i++) mx = dst[i] > mx ? dst[i] : mx;
+                        if (!(mx > f->heap.e[0].s)) continue;
+                    }
+                    for (int64_t i = i0; i < i1; i++) {
+                        Ent e = {dst[i], (int32_t)(row + i)};
+                        if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
+                    }
+                }
+            } else {
+                for (int64_t i = 0; i < n; i++) dst[i] = NAN; /* not a candidate */
+                first_partials(c, f->n_first, rows, 0, m, out, tmp);
+                for (int64_t i = 0; i < m; i++) {
+                    dst[rows[i] - row] = out[i];
+                    Ent e = {out[i], rows[i]};
+                    if (f->heap.n < f->heap.cap || worse(f->heap.e[0], e)) heap_push(&f->heap, e);
+                }
+            }
+            f->scanned += m;
+        }
+    }
+    f->coords = f->scanned * c->bounds[f->n_first];
+done:
+    free(rows);
+    free(out);
+    free(tmp);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------------ pass 2 */
+
+typedef struct {
+    const Ctx *c;
+    int64_t p0, p1;
+    const float *p_scan;
+    const float *a, *cc, *bb; /* (L + 1,) bound coefficients per boundary */
+    const int32_t *seed_rows_sorted; /* rows excluded from the scan (already exactly scored) */
+    int64_t n_seeds;
+    int stop_level, n_first;
+    _Atomic uint32_t *shared_tau; /* float bits, monotone max */
+    Heap heap;                    /* top k exact (initialised with the seeds' top k) */
+    Heap partial;                 /* stop_level < L - 1: top `rescore` by partial score */
+    int64_t alive[MAX_LEVELS];
+    int64_t coords;
+    int failed;
+} Rest;
+
+static inline float load_tau(_Atomic uint32_t *t) {
+    uint32_t b = atomic_load_explicit(t, memory_order_relaxed);
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static inline void raise_tau(_Atomic uint32_t *t, float v) {
+    uint32_t old = atomic_load_explicit(t, memory_order_relaxed);
+    for (;;) {
+        float f;
+        memcpy(&f, &old, 4);
+        if (!(v > f)) return;
+        uint32_t nb;
+        memcpy(&nb, &v, 4);
+        if (atomic_compare_exchange_weak_explicit(t, &old, nb, memory_order_relaxed, memory_order_relaxed)) return;
+    }
+}
+
+static void *rest_worker(void *arg) {
+    Rest *r = (Rest *)arg;
+    const Ctx *c = r->c;
+    const int L = c->L;
+    const int partial_mode = r->stop_level < L - 1;
+    int32_t *rows = malloc(sizeof(int32_t) * (BLOCK + SLACK));
+    float *p = malloc(sizeof(float) * (BLOCK + SLACK)), *rest = malloc(sizeof(float) * (BLOCK + SLACK));
+    float *d = malloc(sizeof(float) * BLOCK), *exact = malloc(sizeof(float) * BLOCK);
+    if (!rows || !p || !rest || !d || !exact) {
+        r->failed = 1;
+        goto done;
+    }
+    int64_t seed_i = 0; /* the next seed row at or after the scan position */
+    float tau_local = r->heap.n >= r->heap.cap && r->heap.cap > 0 ? r->heap.e[0].s : -INFINITY;
+    Pieces it;
+    pieces_init(&it, c, r->p0, r->p1);
+    int64_t piece_pos, piece_row, piece_len;
+    while (pieces_next(&it, &piece_pos, &piece_row, &piece_len)) {
+        for (int64_t off = 0; off < piece_len; off += BLOCK) {
+            const int64_t nb = piece_len - off < BLOCK ? piece_len - off : BLOCK;
+            const int64_t pos = piece_pos + off, row0 = piece_row + off;
+            float tau = load_tau(r->shared_tau);
+            if (tau_local > tau) tau = tau_local;
+            /* filter with the bound at boundary n_first (branch-free; NaN, outside `allowed`, never passes) */
+            const int nf = r->n_first;
+            const float a1 = r->a[nf], c1 = r->cc[nf], b1 = r->bb[nf];
+            const float *t1 = c->tails + (int64_t)nf * c->N + row0;
+            const float *ps = r->p_scan + pos;
+            int64_t n = FILTER(ps, t1, nb, a1, c1, b1, tau, (int32_t)row0, rows, p);
+            /* drop the seeds (already scored exactly); rows and seeds are both ascending */
+            while (seed_i < r->n_seeds && r->seed_rows_sorted[seed_i] < row0) seed_i++;
+            if (seed_i < r->n_seeds && r->seed_rows_sorted[seed_i] < row0 + nb) {
+                int64_t m = 0, s = seed_i;
+                for (int64_t i = 0; i < n; i++) {
+                    while (s < r->n_seeds && r->seed_rows_sorted[s] < rows[i]) s++;
+                    int is_seed = s < r->n_seeds && r->seed_rows_sorted[s] == rows[i];
+                    rows[m] = rows[i];
+                    p[m] = p[i];
+                    m += !is_seed;
+                }
+                n = m;
+            }
+            /* rest: the running sum over the levels without a float16 copy (the first part of the exact score) */
+            if (c->L16 == 0)
+                for (int64_t i = 0; i < n; i++) rest[i] = p[i];
+            else
+                for (int64_t i = 0; i < n; i++) rest[i] = 0.0f;
+            if (partial_mode && r->stop_level == nf - 1) goto to_partial;
+            for (int l = nf; l < L && n > 0; l++) {
+                const int64_t w = level_w(c, l);
+                r->alive[l] += n;
+                r->coords += n * w;
+                level_dots(c, l, 1, rows, 0, n, d);
+                if (l >= c->L16) {
+                    for (int64_t i = 0; i < n; i++) {
+                        p[i] += d[i];
+                        rest[i] += d[i];
+                    }
+                } else {
+                    for (int64_t i = 0; i < n; i++) p[i] += d[i];
+                }
+                if (l == L - 1) break;
+                const float al = r->a[l + 1], cl = r->cc[l + 1], bl = r->bb[l + 1];
+                const float *tl = c->tails + (int64_t)(l + 1) * c->N;
+                n = PRUNE(tl, n, al, cl, bl, tau, rows, p, rest);
+                if (partial_mode && l == r->stop_level) goto to_partial;
+            }
+            if (n == 0) continue;
+            /* completion: exact scores (p itself without float16 levels; rest + float32 float16-levels with them) */
+            const float *sc = p;
+            if (c->L16 > 0) {
+                finish_scores(c, rows, n, rest, exact, d);
+                r->coords += n * c->bounds[c->L16];
+                sc = exact;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                const float s = sc[i];
+                if (!(s >= tau)) continue;
+                Ent e = {s, rows[i]};
+                if (heap_push(&r->heap, e) && r->heap.n >= r->heap.cap) {
+                    const float wv = r->heap.e[0].s;
+                    if (wv > tau_local) {
+                        tau_local = wv;
+                        raise_tau(r->shared_tau, wv);
+                        if (wv > tau) tau = wv;
+                    }
+                }
+            }
+            continue;
+        to_partial:
+            for (int64_t i = 0; i < n; i++) {
+                Ent e = {p[i], rows[i]};
+                if (r->partial.n < r->partial.cap || worse(r->partial.e[0], e)) heap_push(&r->partial, e);
+            }
+        }
+    }
+done:
+    free(rows);
+    free(p);
+    free(rest);
+    free(d);
+    free(exact);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------------ Python glue */
+
+typedef struct {
+    Py_buffer views[MAX_LEVELS * 2 + 16];
+    int n;
+} Views;
+
+static void release_views(Views *v) {
+    for (int i = 0; i < v->n; i++) PyBuffer_Release(&v->views[i]);
+    v->n = 0;
+}
+
+/* A C-contiguous buffer of `itemsize`-byte items, at least `min_items` of them.  None gives *ptr = NULL
+   (an error when `required`).  Returns 0, or -1 with a ValueError set. */
+static int get_buf(Views *v, PyObject *obj, Py_ssize_t itemsize, Py_ssize_t min_items, int writable, int required,
+                   const char *what, void **ptr, Py_ssize_t *count) {
+    *ptr = NULL;
+    if (count) *count = 0;
+    if (obj == Py_None) {
+        if (!required) return 0;
+        PyErr_Format(PyExc_ValueError, "%s is required", what);
+        return -1;
+    }
+    Py_buffer *b = &v->views[v->n];
+    if (PyObject_GetBuffer(obj, b, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s buffer", what, writable ? " writable" : "");
+        return -1;
+    }
+    v->n++;
+    if (b->itemsize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: items of %zd bytes expected, got %zd", what, itemsize, b->itemsize);
+        return -1;
+    }
+    if (b->len / itemsize < min_items) {
+        PyErr_Format(PyExc_ValueError, "%s: at least %zd items expected, got %zd", what, min_items, b->len / itemsize);
+        return -1;
+    }
+    *ptr = b->buf;
+    if (count) *count = b->len / itemsize;
+    return 0;
+}
+
+#define GET(obj, isz, minn, wr, req, what, ptr, cnt)                                                         \
+    do {                                                                                                     \
+        void *_p;                                                                                            \
+        if (get_buf(&v, (obj), (isz), (minn), (wr), (req), (what), &_p, (cnt)) < 0) goto out;                \
+        (ptr) = _p;                                                                                          \
+    } while (0)
+
+/* The store and query arguments shared by scan_first and scan_rest. */
+typedef struct {
+    PyObject *levels32, *levels16, *bounds, *tails, *q, *allowed, *ranges;
+    Py_ssize_t N;
+} StoreArgs;
+
+static int fill_ctx(Ctx *c, Views *vv, const StoreArgs *s) {
+    Views *pv = vv;
+#define v (*pv)
+    memset(c, 0, sizeof *c);
+    if (!PyTuple_Check(s->levels32) || !PyTuple_Check(s->levels16)) {
+        PyErr_SetString(PyExc_ValueError, "levels32 and levels16 must be tuples");
+        goto out;
+    }
+    Py_ssize_t L = PyTuple_GET_SIZE(s->levels32), L16 = PyTuple_GET_SIZE(s->levels16);
+    if (L < 1 || L > MAX_LEVELS || L16 > L) {
+        PyErr_Format(PyExc_ValueError, "need 1 <= L <= %d and L16 <= L, got L=%zd L16=%zd", MAX_LEVELS, L, L16);
+        goto out;
+    }
+    if (s->N < 0 || s->N > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "N must be in [0, 2^31)");
+        goto out;
+    }
+    c->L = (int)L;
+    c->L16 = (int)L16;
+    c->N = s->N;
+    const int64_t *bounds;
+    GET(s->bounds, 8, L + 1, 0, 1, "bounds", bounds, NULL);
+    for (int l = 0; l <= L; l++) c->bounds[l] = bounds[l];
+    if (c->bounds[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "bounds must start at 0");
+        goto out;
+    }
+    for (int l = 0; l < L; l++)
+        if (c->bounds[l + 1] <= c->bounds[l]) {
+            PyErr_SetString(PyExc_ValueError, "bounds must increase");
+            goto out;
+        }
+    c->D = c->bounds[L];
+    for (int l = 0; l < L; l++) GET(PyTuple_GET_ITEM(s->levels32, l), 4, c->N * level_w(c, l), 0, 1, "a float32 level", c->lv32[l], NULL);
+    for (int l = 0; l < L16; l++) GET(PyTuple_GET_ITEM(s->levels16, l), 2, c->N * level_w(c, l), 0, 1, "a float16 level", c->lv16[l], NULL);
+    GET(s->tails, 4, (L + 1) * c->N, 0, 1, "tail_norms", c->tails, NULL);
+    GET(s->q, 4, c->D, 0, 1, "query", c->q, NULL);
+    GET(s->allowed, 1, c->N, 0, 0, "allowed", c->allowed, NULL);
+    Py_ssize_t n_items;
+    GET(s->ranges, 8, 0, 0, 1, "ranges", c->ranges, &n_items);
+    if (n_items % 2) {
+        PyErr_SetString(PyExc_ValueError, "ranges must be (R, 2)");
+        goto out;
+    }
+    c->n_ranges = n_items / 2;
+    c->range_off = malloc(sizeof(int64_t) * (size_t)(c->n_ranges + 1));
+    if (!c->range_off) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    c->range_off[0] = 0;
+    int64_t prev_end = 0;
+    for (int64_t r = 0; r < c->n_ranges; r++) {
+        int64_t a = c->ranges[2 * r], b = c->ranges[2 * r + 1];
+        if (a < prev_end || b < a || b > c->N) {
+            PyErr_SetString(PyExc_ValueError, "ranges must be sorted, disjoint [start, end) within [0, N]");
+            goto out;
+        }
+        prev_end = b;
+        c->range_off[r + 1] = c->range_off[r] + (b - a);
+    }
+    c->P = c->range_off[c->n_ranges];
+    return 0;
+out:
+    return -1;
+#undef v
+}
+
+static void free_ctx(Ctx *c) {
+    free(c->range_off);
+    c->range_off = NULL;
+}
+
+/* Threads actually used: at most one per MIN_ROWS_PER_THREAD rows (below that, starting a thread costs more than
+   it saves). */
+static int clamp_threads(int threads, int64_t P) {
+    if (threads < 1) threads = 1;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    int64_t max_useful = P / MIN_ROWS_PER_THREAD > 0 ? P / MIN_ROWS_PER_THREAD : 1;
+    if (threads > max_useful) threads = (int)max_useful;
+    return threads;
+}
+
+/* Runs fn over `threads` argument blocks (block 0 in the calling thread; a block whose thread could not start
+   runs here afterwards, so no rows are ever skipped). */
+static void run_workers(void *(*fn)(void *), void *args, size_t size, int threads) {
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 1; t < threads; t++) started[t] = pthread_create(&tid[t], NULL, fn, (char *)args + t * size) == 0;
+    fn(args);
+    for (int t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            fn((char *)args + t * size);
+    }
+}
+
+/*
+ * scan_first(levels32, levels16, bounds, tails, q, allowed, ranges, N, n_first, n_seed, threads,
+ *            p_scan_out, seed_rows_out, seed_partial_out, seed_exact_out) -> (n_seeds, scanned, coordinates)
+ *
+ * p_scan_out: (P,) float32, the partial score over the first n_first levels of every scanned position (NaN
+ * outside `allowed`);
+ * seed_*_out: (n_seed,) int64 / float32 / float32: rows of the best partial scores (best first), those partial
+ * scores, and their exact scores.  Only the first n_seeds entries are written.
+ */
+static PyObject *py_scan_first(PyObject *self, PyObject *args) {
+    StoreArgs sa;
+    PyObject *pout_o, *srow_o, *spart_o, *sexact_o;
+    Py_ssize_t n_seed;
+    int threads, n_first;
+    if (!PyArg_ParseTuple(args, "OOOOOOOniniOOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails, &sa.q,
+                          &sa.allowed, &sa.ranges, &sa.N, &n_first, &n_seed, &threads, &pout_o, &srow_o, &spart_o,
+                          &sexact_o))
+        return NULL;
+    Views v = {.n = 0};
+    Ctx c;
+    memset(&c, 0, sizeof c);
+    PyObject *result = NULL;
+    First *fs = NULL;
+    Ent *all = NULL;
+    float *p_scan, *seed_part, *seed_exact;
+    int64_t *seed_rows;
+    if (fill_ctx(&c, &v, &sa) < 0) goto out;
+    if (n_seed < 0) {
+        PyErr_SetString(PyExc_ValueError, "n_seed must be >= 0");
+        goto out;
+    }
+    if (n_first < 1 || n_first > c.L || (c.L16 > 0 && n_first > c.L16)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 <= n_first <= L, and n_first <= L16 when there are float16 levels");
+        goto out;
+    }
+    GET(pout_o, 4, c.P, 1, 1, "p_scan_out", p_scan, NULL);
+    GET(srow_o, 8, n_seed, 1, 1, "seed_rows_out", seed_rows, NULL);
+    GET(spart_o, 4, n_seed, 1, 1, "seed_partial_out", seed_part, NULL);
+    GET(sexact_o, 4, n_seed, 1, 1, "seed_exact_out", seed_exact, NULL);
+    threads = clamp_threads(threads, c.P);
+    fs = calloc((size_t)threads, sizeof(First));
+    all = malloc(sizeof(Ent) * (size_t)(threads * n_seed + 1));
+    if (!fs || !all) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (int t = 0; t < threads; t++) {
+        fs[t].c = &c;
+        fs[t].p0 = c.P * t / threads;
+        fs[t].p1 = c.P * (t + 1) / threads;
+        fs[t].p_scan = p_scan;
+        fs[t].n_first = n_first;
+        fs[t].heap.cap = n_seed;
+        fs[t].heap.e = all + t * n_seed;
+    }
+    int failed = 0;
+    int64_t n_found = 0, scanned = 0, coords = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    run_workers(first_worker, fs, sizeof(First), threads);
+    /* merge the per-thread heaps (compacting forward in place): the best n_seed partial scores overall */
+    int64_t m = 0;
+    for (int t = 0; t < threads; t++) {
+        failed |= fs[t].failed;
+        scanned += fs[t].scanned;
+        coords += fs[t].coords;
+        for (int64_t i = 0; i < fs[t].heap.n; i++) all[m++] = fs[t].heap.e[i];
+    }
+    qsort(all, (size_t)m, sizeof(Ent), ent_better_first);
+    n_found = m < n_seed ? m : n_seed;
+    if (!failed && n_found > 0) {
+        int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_found);
+        float *ex = malloc(sizeof(float) * (size_t)n_found), *tmp = malloc(sizeof(float) * (size_t)n_found);
+        float *rs = malloc(sizeof(float) * (size_t)n_found);
+        if (rows && ex && tmp && rs) {
+            for (int64_t i = 0; i < n_found; i++) rows[i] = all[i].r;
+            exact_scores(&c, rows, n_found, ex, rs, tmp);
+            for (int64_t i = 0; i < n_found; i++) {
+                seed_rows[i] = all[i].r;
+                seed_part[i] = all[i].s;
+                seed_exact[i] = ex[i];
+            }
+            coords += n_found * c.D;
+        } else {
+            failed = 1;
+        }
+        free(rows);
+        free(ex);
+        free(tmp);
+        free(rs);
+    }
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    result = Py_BuildValue("(LLL)", (long long)n_found, (long long)scanned, (long long)coords);
+out:
+    free(fs);
+    free(all);
+    free_ctx(&c);
+    release_views(&v);
+    return result;
+}
+
+/*
+ * scan_rest(levels32, levels16, bounds, tails, q, allowed, ranges, N, n_first, p_scan, a, c, bb,
+ *           seed_rows, seed_exact, k, stop_level, rescore, threads, rows_out, scores_out, alive_out)
+ *   -> (n_out, coordinates)
+ *
+ * a, c, bb: (L + 1,) float32 bound coefficients at each level boundary; seed_rows (S,) int64 and seed_exact (S,)
+ * float32 from scan_first; rows_out (k,) int64 and scores_out (k,) float32 receive the result best first;
+ * alive_out (L,) int64 is added to (candidates entering levels n_first..L-1; the caller fills the first ones).
+ */
+static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
+    StoreArgs sa;
+    PyObject *pscan_o, *a_o, *c_o, *bb_o, *srow_o, *sexact_o, *rows_o, *scores_o, *alive_o;
+    Py_ssize_t k, rescore;
+    int stop_level, threads, n_first;
+    if (!PyArg_ParseTuple(args, "OOOOOOOniOOOOOOniniOOO", &sa.levels32, &sa.levels16, &sa.bounds, &sa.tails,
+                          &sa.q, &sa.allowed, &sa.ranges, &sa.N, &n_first, &pscan_o, &a_o, &c_o, &bb_o, &srow_o,
+                          &sexact_o, &k, &stop_level, &rescore, &threads, &rows_o, &scores_o, &alive_o))
+        return NULL;
+    Views v = {.n = 0};
+    Ctx c;
+    memset(&c, 0, sizeof c);
+    PyObject *result = NULL;
+    Rest *rs = NULL;
+    Ent *cand = NULL, *heap_mem = NULL, *part_mem = NULL, *seed_heap = NULL;
+    int32_t *seed_sorted = NULL;
+    const float *p_scan, *a, *cc, *bb, *seed_exact;
+    const int64_t *seed_rows;
+    int64_t *rows_out, *alive_out;
+    float *scores_out;
+    Py_ssize_t S, S2;
+    if (fill_ctx(&c, &v, &sa) < 0) goto out;
+    if (n_first < 1 || n_first > c.L || (c.L16 > 0 && n_first > c.L16)) {
+        PyErr_SetString(PyExc_ValueError, "need 1 <= n_first <= L, and n_first <= L16 when there are float16 levels");
+        goto out;
+    }
+    if (k < 1 || rescore < 0 || stop_level < n_first - 1 || stop_level >= c.L) {
+        PyErr_SetString(PyExc_ValueError, "need k >= 1, rescore >= 0 and n_first - 1 <= stop_level < L");
+        goto out;
+    }
+    GET(pscan_o, 4, c.P, 0, 1, "p_scan", p_scan, NULL);
+    GET(a_o, 4, c.L + 1, 0, 1, "a", a, NULL);
+    GET(c_o, 4, c.L + 1, 0, 1, "c", cc, NULL);
+    GET(bb_o, 4, c.L + 1, 0, 1, "bb", bb, NULL);
+    GET(srow_o, 8, 0, 0, 1, "seed_rows", seed_rows, &S);
+    GET(sexact_o, 4, 0, 0, 1, "seed_exact", seed_exact, &S2);
+    if (S2 != S) {
+        PyErr_SetString(PyExc_ValueError, "seed_rows and seed_exact differ in length");
+        goto out;
+    }
+    GET(rows_o, 8, k, 1, 1, "rows_out", rows_out, NULL);
+    GET(scores_o, 4, k, 1, 1, "scores_out", scores_out, NULL);
+    GET(alive_o, 8, c.L, 1, 1, "alive_out", alive_out, NULL);
+    for (Py_ssize_t i = 0; i < S; i++)
+        if (seed_rows[i] < 0 || seed_rows[i] >= c.N) {
+            PyErr_SetString(PyExc_ValueError, "a seed row is outside [0, N)");
+            goto out;
+        }
+
+    threads = clamp_threads(threads, c.P);
+    const int full = stop_level == c.L - 1;
+    const int64_t part_cap = full ? 0 : rescore;
+    rs = calloc((size_t)threads, sizeof(Rest));
+    heap_mem = malloc(sizeof(Ent) * (size_t)(threads * k + 1));
+    part_mem = malloc(sizeof(Ent) * (size_t)(threads * part_cap + 1));
+    seed_heap = malloc(sizeof(Ent) * (size_t)(k + 1));
+    seed_sorted = malloc(sizeof(int32_t) * (size_t)(S + 1));
+    cand = malloc(sizeof(Ent) * (size_t)(threads * k + part_cap + S + 1));
+    if (!rs || !heap_mem || !part_mem || !seed_heap || !seed_sorted || !cand) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int failed = 0;
+    int64_t n_out = 0, coords = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    /* the seeds' top k (exact) start every thread's heap and the shared threshold */
+    Heap seeds = {seed_heap, 0, k};
+    for (Py_ssize_t i = 0; i < S; i++) {
+        Ent e = {seed_exact[i], (int32_t)seed_rows[i]};
+        heap_push(&seeds, e);
+        seed_sorted[i] = (int32_t)seed_rows[i];
+    }
+    for (Py_ssize_t i = 1; i < S; i++) { /* insertion sort: a few dozen seeds */
+        int32_t x = seed_sorted[i];
+        Py_ssize_t j = i - 1;
+        while (j >= 0 && seed_sorted[j] > x) {
+            seed_sorted[j + 1] = seed_sorted[j];
+            j--;
+        }
+        seed_sorted[j + 1] = x;
+    }
+    float tau0 = seeds.n >= k ? seeds.e[0].s : -INFINITY;
+    uint32_t tau_bits;
+    memcpy(&tau_bits, &tau0, 4);
+    _Atomic uint32_t shared_tau;
+    atomic_init(&shared_tau, tau_bits);
+    for (int t = 0; t < threads; t++) {
+        Rest *r = &rs[t];
+        r->c = &c;
+        r->p0 = c.P * t / threads;
+        r->p1 = c.P * (t + 1) / threads;
+        r->p_scan = p_scan;
+        r->a = a;
+        r->cc = cc;
+        r->bb = bb;
+        r->seed_rows_sorted = seed_sorted;
+        r->n_seeds = S;
+        r->stop_level = stop_level;
+        r->n_first = n_first;
+        r->shared_tau = &shared_tau;
+        r->heap.e = heap_mem + t * k;
+        r->heap.cap = k;
+        r->heap.n = seeds.n;
+        memcpy(r->heap.e, seeds.e, sizeof(Ent) * (size_t)seeds.n);
+        r->partial.e = part_mem + t * part_cap;
+        r->partial.cap = part_cap;
+    }
+    run_workers(rest_worker, rs, sizeof(Rest), threads);
+    int64_t m = 0;
+    for (int t = 0; t < threads; t++) {
+        failed |= rs[t].failed;
+        coords += rs[t].coords;
+        for (int l = 0; l < c.L; l++) alive_out[l] += rs[t].alive[l];
+    }
+    /* candidates: every seed (scored exactly, excluded from the scan) and each thread's heap */
+    for (Py_ssize_t i = 0; i < S; i++) {
+        Ent e = {seed_exact[i], (int32_t)seed_rows[i]};
+        cand[m++] = e;
+    }
+    for (int t = 0; t < threads; t++)
+        for (int64_t i = 0; i < rs[t].heap.n; i++) cand[m++] = rs[t].heap.e[i];
+    if (!full && !failed) {
+        /* the `rescore` best partial scores at the stop level get their exact scores */
+        int64_t np = 0;
+        for (int t = 0; t < threads; t++)
+            for (int64_t i = 0; i < rs[t].partial.n; i++) part_mem[np++] = rs[t].partial.e[i];
+        qsort(part_mem, (size_t)np, sizeof(Ent), ent_better_first);
+        if (np > rescore) np = rescore;
+        int32_t *rr = malloc(sizeof(int32_t) * (size_t)(np + 1));
+        float *ex = malloc(sizeof(float) * (size_t)(np + 1)), *tmp = malloc(sizeof(float) * (size_t)(np + 1));
+        float *rs = malloc(sizeof(float) * (size_t)(np + 1));
+        if (rr && ex && tmp && rs) {
+            for (int64_t i = 0; i < np; i++) rr[i] = part_mem[i].r;
+            exact_scores(&c, rr, np, ex, rs, tmp);
+            for (int64_t i = 0; i < np; i++) {
+                Ent e = {ex[i], rr[i]};
+                cand[m++] = e;
+            }
+            coords += np * c.D;
+        } else {
+            failed = 1;
+        }
+        free(rr);
+        free(ex);
+        free(tmp);
+        free(rs);
+    }
+    if (!failed) {
+        /* a seed sits in every thread's heap too: copies of one row carry one score, so they are adjacent */
+        qsort(cand, (size_t)m, sizeof(Ent), ent_better_first);
+        for (int64_t i = 0; i < m && n_out < k; i++) {
+            if (n_out > 0 && cand[i].r == rows_out[n_out - 1]) continue;
+            rows_out[n_out] = cand[i].r;
+            scores_out[n_out] = cand[i].s;
+            n_out++;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    result = Py_BuildValue("(LL)", (long long)n_out, (long long)coords);
+out:
+    free(rs);
+    free(cand);
+    free(heap_mem);
+    free(part_mem);
+    free(seed_heap);
+    free(seed_sorted);
+    free_ctx(&c);
+    release_views(&v);
+    return result;
+}
+
+/* count_at_least(values (n,) float32, thresholds (m,) float32, out (m,) int64): out[j] = #{i : values[i] >= t_j}
+   (NaN values are never counted). */
+static PyObject *py_count_at_least(PyObject *self, PyObject *args) {
+    PyObject *vo, *to, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &vo, &to, &oo)) return NULL;
+    Views v = {.n = 0};
+    PyObject *result = NULL;
+    const float *vals, *th;
+    int64_t *cnt;
+    Py_ssize_t n, m;
+    GET(vo, 4, 0, 0, 1, "values", vals, &n);
+    GET(to, 4, 0, 0, 1, "thresholds", th, &m);
+    GET(oo, 8, m, 1, 1, "out", cnt, NULL);
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        int64_t s = 0;
+        const float t = th[j];
+        for (Py_ssize_t i = 0; i < n; i++) s += vals[i] >= t;
+        cnt[j] = s;
+    }
+    Py_END_ALLOW_THREADS;
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    release_views(&v);
+    return result;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA); }
+
+static PyObject *py_set_isa(PyObject *self, PyObject *args) {
+    const char *want;
+    if (!PyArg_ParseTuple(args, "s", &want)) return NULL;
+    if (strcmp(want, "auto") != 0 && strcmp(want, "generic") != 0 && strcmp(want, "avx2") != 0 &&
+        strcmp(want, "avx512") != 0) {
+        PyErr_SetString(PyExc_ValueError, "isa must be auto, generic, avx2 or avx512");
+        return NULL;
+    }
+    select_isa(strcmp(want, "auto") == 0 ? NULL : want);
+    return PyUnicode_FromString(ISA);
+}
+
+static PyObject *py_set_min_rows_per_thread(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n", &n)) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "rows per thread must be >= 1");
+        return NULL;
+    }
+    Py_ssize_t old = (Py_ssize_t)MIN_ROWS_PER_THREAD;
+    MIN_ROWS_PER_THREAD = n;
+    return PyLong_FromSsize_t(old);
+}
+
+static PyMethodDef methods[] = {
+    {"scan_first", py_scan_first, METH_VARARGS, "Level 0 over every candidate, fused top-n_seed, the seeds' exact scores."},
+    {"scan_rest", py_scan_rest, METH_VARARGS, "Levels 1..L-1 with pruning and a fused top-k."},
+    {"count_at_least", py_count_at_least, METH_VARARGS, "Counts of values >= each threshold."},
+    {"isa", py_isa, METH_NOARGS, "The SIMD variant in use: avx512, avx2 or generic."},
+    {"set_isa", py_set_isa, METH_VARARGS, "Select a SIMD variant (auto, generic, avx2, avx512); the best available below it is used."},
+    {"set_min_rows_per_thread", py_set_min_rows_per_thread, METH_VARARGS,
+     "Set the rows per kernel thread below which fewer threads are used (default 32768); returns the old value."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_levelscan",
+    .m_doc = "Compiled level-by-level pruning scan (see adawidth.levels).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__levelscan(void) {
+    select_isa(NULL);
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "BLOCK", BLOCK) < 0 || PyModule_AddIntConstant(m, "BLOCK_FIRST", BLOCK_FIRST) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_LEVELS", MAX_LEVELS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
