@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-DEFAULT_Z_GRID: tuple[float, ...] = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0)
+DEFAULT_Z_GRID: tuple[float, ...] = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 """Confidences the policy chooses among, increasing (more work, higher recall)."""
 
 
@@ -66,7 +66,8 @@ def calibrate_bar(pred: np.ndarray, realised: np.ndarray, target: float, bars: n
         bars: candidate bars (default: 0.5 .. 1.0 in steps of 0.0025, then +inf).
 
     Returns:
-        τ (float).  ``+inf`` means "always the safest confidence" (the target cannot be met cheaper).
+        τ (float).  ``+inf`` means "always the safest confidence of the grid" (the target cannot be met cheaper;
+        whether even that meets it is :func:`safest_meets`).
 
     Raises:
         ValueError: for shapes that differ, no calibration queries, or a target outside (0, 1].
@@ -83,3 +84,15 @@ def calibrate_bar(pred: np.ndarray, realised: np.ndarray, target: float, bars: n
         if realised[rows, choose(pred, float(bar))].mean() >= target - 1e-12:
             return float(bar)
     return float("inf")
+
+
+def safest_meets(realised: np.ndarray, target: float) -> bool:
+    """True when the grid's safest confidence meets ``target`` in mean realised recall; (Q, Z) -> bool."""
+    return bool(np.atleast_2d(realised)[:, -1].mean() >= target - 1e-12)
+
+
+def safety_margin(target: float, share: float = 0.25) -> float:
+    """A one-sided margin added to a target before calibrating: ``share`` of its miss budget 1 - target
+    (0.99 -> 0.9925 at the default), so that the realised recall of new queries stays at or above the target
+    when it falls a little below the calibration queries'."""
+    return share * (1.0 - float(target))

@@ -26,7 +26,8 @@ class RecallPolicy:
         calibration_pred: (Qc, Z) out-of-fold predictions of the calibration queries.
         calibration_recall: (Qc, Z) their realised recall@k at each confidence.
         k: the k the policy was calibrated at (recall@k).
-        margin: added to a target before calibrating its bar (a one-sided safety margin, in recall).
+        margin_share: the share of a target's miss budget (1 - target) added to it before calibrating its bar
+            (:func:`adawidth.recall_policy.safety_margin`).
     """
 
     booster: object
@@ -36,15 +37,19 @@ class RecallPolicy:
     calibration_pred: np.ndarray
     calibration_recall: np.ndarray
     k: int = 10
-    margin: float = 0.0
+    margin_share: float = 0.25
     lock: threading.Lock = field(default_factory=threading.Lock)
     _bars: dict = field(default_factory=dict)
 
     def bar(self, target: float) -> float:
-        """τ for ``target`` (cached): the lowest bar whose calibration choices meet target + margin."""
+        """τ for ``target`` (cached): the lowest bar whose calibration choices meet target + margin; +inf for
+        "the safest confidence", None when not even that meets it."""
         if target not in self._bars:
-            self._bars[target] = recall_policy.calibrate_bar(self.calibration_pred, self.calibration_recall,
-                                                             min(target + self.margin, 1.0))
+            goal = min(target + recall_policy.safety_margin(target, self.margin_share), 1.0)
+            bar = recall_policy.calibrate_bar(self.calibration_pred, self.calibration_recall, goal)
+            if not np.isfinite(bar) and not recall_policy.safest_meets(self.calibration_recall, goal):
+                bar = None  # not even the safest confidence meets it: the exact bound serves
+            self._bars[target] = bar
         return self._bars[target]
 
     def predict(self, evidence) -> np.ndarray:
@@ -61,7 +66,7 @@ class RecallPolicy:
         if target >= 1.0:
             return "exact", None
         bar = self.bar(target)
-        if not np.isfinite(bar):
+        if bar is None:
             return "exact", None
         j = int(recall_policy.choose(self.predict(evidence)[None, :], bar)[0])
         return self.bound, float(self.z_grid[j])

@@ -102,21 +102,23 @@ def fit_recall_policy(table: RecallTable, *, folds: int = 4, seed: int = 0) -> t
     return _fit(X, y, names, seed), oof
 
 
-def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 0.99, 0.999), margin: float = 0.0) -> dict:
+def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 0.99, 0.999),
+                       margin_share: float = 0.25) -> dict:
     """Per target: the bar, the realised mean recall and work share of the choices on the calibration queries,
     and the single fixed z of the grid that meets the target (the static baseline) with its work."""
     full = table.exact_coordinates.astype(np.float64)
     out = {}
     rows = np.arange(len(full))
     for t in targets:
-        bar = recall_policy.calibrate_bar(oof, table.recall, min(t + margin, 1.0))
-        if np.isfinite(bar):
+        goal = min(t + recall_policy.safety_margin(t, margin_share), 1.0)
+        bar = recall_policy.calibrate_bar(oof, table.recall, goal)
+        if np.isfinite(bar) or recall_policy.safest_meets(table.recall, goal):
             pick = recall_policy.choose(oof, bar)
             rec, work = table.recall[rows, pick].mean(), table.coordinates[rows, pick].mean()
         else:
             rec, work = 1.0, full.mean()
         fixed = next((j for j in range(len(table.z_grid)) if table.recall[:, j].mean() >= t), None)
-        out[str(t)] = {"bar": bar if np.isfinite(bar) else None, "recall": float(rec), "mean_coordinates": float(work),
+        out[str(t)] = {"bar": bar if np.isfinite(bar) else ("safest" if rec < 1.0 or work < full.mean() else "exact"), "recall": float(rec), "mean_coordinates": float(work),
                        "fixed_z": None if fixed is None else float(table.z_grid[fixed]),
                        "fixed_mean_coordinates": None if fixed is None else float(table.coordinates[:, fixed].mean())}
     out["exact_mean_coordinates"] = float(full.mean())
