@@ -1,0 +1,439 @@
+"""Certified width and declared recall against faiss flat, Panorama and the best static funnel (issue 15).
+
+One run, every method on the same test queries, 1 and 2 threads, one query at a time (methods interleaved
+query by query, so load on the machine hits every method alike) plus saturation (``threads`` workers, each one
+query at a time, for ``--saturation-s`` seconds).
+
+Methods (k = 10, documents and queries PCA-rotated, unit norm):
+
+* ``faiss_flat``: ``IndexFlatIP`` at full width (exhaustive; the reference of recall@10);
+* ``faiss_flat_panorama``: ``IndexFlatIPPanorama(D, 8, 1024)`` (exact level pruning in faiss);
+* ``static_funnel``: an ``IndexFlatIP`` over a contiguous m1-prefix copy, its top C rescored at full width;
+  (m1, C) is the cheapest of m1 in {16, 32, 48, 64} x C in {20 .. 2000} whose recall@10 on the **training**
+  queries reaches 0.99 (the funnel a user would tune to the declared recall);
+* ``ours_exact``: ``width: "full"`` through the pipeline (:mod:`engine.pipeline`): certified level pruning;
+* ``ours_recall_<t>``: ``recall_target: t`` through the pipeline; the recall policy (LightGBM over the level
+  scan's evidence) is calibrated on the training queries, out of fold (:mod:`trainer.recall_fit`).
+
+Corpora: ``scifact`` (5,183 documents; 809 training and 300 test queries, NDCG@10 from the qrels, and on the
+104 "unseen" test queries), ``debdocs`` (the largest cached prefix of a seeded permutation of the 221k passages,
+at least ``--debdocs-min``; training and test queries from its splits; NDCG is not reported because the subset
+lacks most relevant passages), ``synthetic`` (``--synthetic-n`` documents and the queries drawn from a Gaussian
+fitted to SciFact's PCA-rotated documents).
+
+Rows (``bench/results/scale/summary.json``): corpus, n_docs, method, threads, recall_at_10, ndcg_at_10,
+p50_ms, p95_ms, p99_ms, qps, memory_mib, coordinates_per_query (multiply-adds), coordinate_share (of N·D),
+build_s, params.  Latencies exclude encoding; ours include rotating the query, planning and the recall
+policy's LightGBM call.
+
+Usage (run alone on the machine; it pins BLAS/OpenMP threads itself)::
+
+    python -m bench.scale --corpora scifact debdocs synthetic --threads 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+from adawidth import levels  # noqa: E402
+from adawidth.metrics import ndcg_at_k  # noqa: E402
+from adawidth.rotation import pca_rotation  # noqa: E402
+from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
+from engine.index import IndexVersion  # noqa: E402
+from engine.pipeline import Pipeline  # noqa: E402
+from engine.plan import SearchSpec  # noqa: E402
+from engine.recall import RecallPolicy  # noqa: E402
+from trainer.recall_fit import calibration_report, fit_recall_policy, recall_table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 10
+TARGETS = (0.95, 0.99, 0.999)
+FUNNEL_M1 = (16, 32, 48, 64)
+FUNNEL_C = (20, 50, 100, 200, 500, 1000, 2000)
+FUNNEL_RECALL = 0.99
+MIB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------------ corpora
+
+
+def _encoder_and_cache(home: Path):
+    from engine.encoder import OnnxEncoder
+    from trainer.embed_cache import EmbeddingCache
+
+    enc = OnnxEncoder(home / "models" / "minilm-onnx", threads=2)
+    return enc, EmbeddingCache(home / "cache" / "embeddings.sqlite", enc.dimension)
+
+
+def load_scifact(home: Path, dataset: Path) -> dict:
+    """SciFact embeddings (the content-hash cache), train and test queries, test qrels, the unseen mask."""
+    from engine.io.beir import load_collection, load_qrels
+    from trainer.embed_cache import encode_with_cache
+
+    enc, cache = _encoder_and_cache(home)
+    col = load_collection(dataset, "test")
+    train = load_qrels(dataset, "train")
+    X, _ = encode_with_cache(enc, [d.encoder_text() for d in col.corpus], cache, desc="scifact corpus")
+    te = sorted(q for q in col.qrels if q in col.queries)
+    tr = sorted(q for q in train if q in col.queries)
+    QE, _ = encode_with_cache(enc, [col.queries[q] for q in te], cache, desc="scifact queries")
+    QT, _ = encode_with_cache(enc, [col.queries[q] for q in tr], cache, desc="scifact train queries")
+    cache.close()
+    cited = {d for j in train.values() for d, g in j.items() if g > 0}
+    unseen = np.array([not any(d in cited for d, g in col.qrels[q].items() if g > 0) for q in te])
+    return {"X": X, "Q_train": QT, "Q_test": QE, "doc_ids": [d.doc_id for d in col.corpus],
+            "qrels": [col.qrels[q] for q in te], "unseen": unseen, "note": "all 5,183 documents"}
+
+
+def load_debdocs(home: Path, folder: Path, minimum: int, n_train: int, n_test: int) -> dict:
+    """The largest cached prefix of debdocs' seeded permutation (the background encoding order), and queries."""
+    from engine.io.beir import load_corpus, load_qrels, load_queries
+    from trainer.embed_cache import content_key, encode_with_cache
+
+    enc, cache = _encoder_and_cache(home)
+    docs = load_corpus(folder)
+    order = np.random.default_rng(0).permutation(len(docs))
+    fp = f"{enc.info.onnx_sha256}|{enc.info.tokenizer_sha256}|{enc.max_tokens}"
+    keys = [content_key(docs[i].encoder_text(), fp) for i in order]
+    have = set()
+    for s in range(0, len(keys), 20_000):
+        have |= set(cache.get_many(keys[s:s + 20_000]))
+    n = 0
+    while n < len(keys) and keys[n] in have:
+        n += 1
+    if n < minimum:
+        raise SystemExit(f"debdocs: only {n} passages of the seeded permutation are cached (need {minimum}); "
+                         f"encode more (var/jobs/encode_debdocs.py) or lower --debdocs-min")
+    sub = [docs[i] for i in order[:n]]
+    X, encoded = encode_with_cache(enc, [d.encoder_text() for d in sub], cache, desc="debdocs subset")
+    assert encoded == 0
+    queries = load_queries(folder)
+    rng = np.random.default_rng(1)
+    tr = sorted(q for q in load_qrels(folder, "train") if q in queries)
+    te = sorted(q for q in load_qrels(folder, "test") if q in queries)
+    tr = sorted(rng.choice(tr, min(n_train, len(tr)), replace=False).tolist())
+    te = sorted(rng.choice(te, min(n_test, len(te)), replace=False).tolist())
+    QT, _ = encode_with_cache(enc, [queries[q] for q in tr], cache, desc="debdocs train queries")
+    QE, _ = encode_with_cache(enc, [queries[q] for q in te], cache, desc="debdocs test queries")
+    cache.close()
+    return {"X": X, "Q_train": QT, "Q_test": QE, "doc_ids": [d.doc_id for d in sub], "qrels": None, "unseen": None,
+            "note": f"seeded subset: the first {n:,} of {len(docs):,} passages of permutation seed 0 "
+                    f"(numpy default_rng(0)); {len(tr)} training and {len(te)} test queries (seed 1)"}
+
+
+def load_synthetic(scifact: dict, n: int, n_train: int, n_test: int) -> dict:
+    """n documents and the queries drawn from a Gaussian fitted to SciFact's documents (adawidth.synthetic)."""
+    model = fit_gaussian(scifact["X"])
+    X = sample_corpus(model, n, seed=0)
+    Q = sample_corpus(model, n_train + n_test, seed=1)
+    return {"X": X, "Q_train": Q[:n_train], "Q_test": Q[n_train:], "doc_ids": [f"s{i}" for i in range(n)],
+            "qrels": None, "unseen": None,
+            "note": f"{n:,} documents and {n_train + n_test} queries drawn from a Gaussian fitted to SciFact's "
+                    "document embeddings (seeds 0 and 1)"}
+
+
+# ------------------------------------------------------------------------------------------------ methods
+
+
+class Method:
+    """A named search over rotated (faiss) or raw (ours, through the pipeline) query embeddings.
+
+    ``run(i, which)`` answers query i of ``which`` ("train" or "test") and returns (rows, multiply-adds)."""
+
+    def __init__(self, name, run, memory_bytes, build_s, params=None, set_threads=None):
+        self.name, self.run, self.memory_bytes, self.build_s = name, run, memory_bytes, build_s
+        self.params, self.set_threads = params or {}, set_threads or (lambda t: None)
+
+
+def exhaustive(X_rot: np.ndarray, Q_rot: np.ndarray, k: int = K) -> np.ndarray:
+    """(Q, k) int64 exhaustive top-k rows by inner product (ties by the lower row)."""
+    from adawidth.prefix import top_k
+
+    out = np.empty((len(Q_rot), k), np.int64)
+    for s in range(0, len(Q_rot), 256):
+        S = Q_rot[s:s + 256] @ X_rot.T
+        for i, row in enumerate(S):
+            out[s + i] = top_k(row, k)
+    return out
+
+
+def recall_of(rows, truth) -> float:
+    return float(np.mean([len(set(np.asarray(r).tolist()) & set(t.tolist())) / len(t) for r, t in zip(rows, truth)]))
+
+
+def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+    N, D = X_rot.shape
+
+    def set_omp(t):
+        faiss.omp_set_num_threads(t)
+
+    t = time.perf_counter()
+    flat = faiss.IndexFlatIP(D)
+    flat.add(X_rot)
+    flat_build = time.perf_counter() - t
+
+    def flat_run(i, which):
+        _, I = flat.search(Q[which][i:i + 1], K)
+        return I[0], N * D
+
+    out = [Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)]
+    t = time.perf_counter()
+    pan = faiss.IndexFlatIPPanorama(D, 8, 1024)
+    pan.add(X_rot)
+    pan_build = time.perf_counter() - t
+
+    def pan_run(i, which):
+        faiss.cvar.indexPanorama_stats.reset()
+        _, I = pan.search(Q[which][i:i + 1], K)
+        return I[0], int(faiss.cvar.indexPanorama_stats.ratio_dims_scanned * N * D)
+
+    out.append(Method("faiss_flat_panorama", pan_run, N * D * 4 + N * 9 * 4, pan_build, {"n_levels": 8,
+                                                                                         "batch_size": 1024}, set_omp))
+    # the static funnel: cheapest (m1, C) reaching FUNNEL_RECALL on the training queries
+    t = time.perf_counter()
+    prefixes = {}
+    best = None
+    for m1 in FUNNEL_M1:
+        idx = faiss.IndexFlatIP(m1)
+        idx.add(np.ascontiguousarray(X_rot[:, :m1]))
+        prefixes[m1] = idx
+        _, I = idx.search(np.ascontiguousarray(Q["train"][:, :m1]), max(FUNNEL_C))
+        for C in FUNNEL_C:
+            C = min(C, N)
+            rows = []
+            for qi in range(len(Q["train"])):
+                cand = I[qi, :C]
+                cand = cand[cand >= 0]
+                sc = X_rot[cand] @ Q["train"][qi]
+                rows.append(cand[np.argsort(-sc, kind="stable")[:K]])
+            rec = recall_of(rows, truth_train)
+            work = N * m1 + C * D
+            if rec >= FUNNEL_RECALL and (best is None or work < best[2]):
+                best = (m1, C, work, rec)
+            if rec >= FUNNEL_RECALL:
+                break
+    if best is None:
+        best = (max(FUNNEL_M1), min(max(FUNNEL_C), N), N * max(FUNNEL_M1) + max(FUNNEL_C) * D, float("nan"))
+    m1, C = best[0], best[1]
+    funnel_build = time.perf_counter() - t
+    idx = prefixes[m1]
+    Qm = {w: np.ascontiguousarray(Q[w][:, :m1]) for w in Q}
+
+    def funnel_run(i, which):
+        _, I = idx.search(Qm[which][i:i + 1], C)
+        cand = I[0][I[0] >= 0]
+        sc = X_rot[cand] @ Q[which][i]
+        return cand[np.argsort(-sc, kind="stable")[:K]], N * m1 + len(cand) * D
+
+    out.append(Method("static_funnel", funnel_run, N * m1 * 4 + N * D * 4, funnel_build,
+                      {"m1": m1, "shortlist": C, "train_recall_at_10": round(best[3], 4),
+                       "chosen_for_train_recall": FUNNEL_RECALL}, set_omp))
+    return out
+
+
+def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarray, doc_ids) -> tuple[list[Method], dict]:
+    """ours_exact and ours_recall_<t> through the pipeline, on an in-memory version with levels and a recall
+    policy calibrated on the training queries."""
+    t = time.perf_counter()
+    store = levels.LevelStore.build(X_rot)
+    store_build = time.perf_counter() - t
+    t = time.perf_counter()
+    table = recall_table(store, Q_rot_train, k=K, bound="data_aware_doc")
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall, k=K)
+    fit_s = time.perf_counter() - t
+    report = calibration_report(table, oof, TARGETS)
+    version = IndexVersion.in_memory(X_rot, R, doc_ids, levels=store, recall_policy=policy)
+    pipe = Pipeline()
+
+    def make(spec):
+        def run(i, which):
+            res = pipe.search(version, [spec], embeddings=E[which][i:i + 1])[0]
+            return res.rows, res.trace["coordinates_scored"]
+        return run
+
+    def set_threads(tn):
+        version.level_threads = tn
+
+    out = [Method("ours_exact", make(SearchSpec("q", k=K, width="full")), store.nbytes, store_build,
+                  {"layout": list(store.layout.bounds), "fp16_levels": store.layout.fp16_levels}, set_threads)]
+    for tgt in TARGETS:
+        out.append(Method(f"ours_recall_{tgt:g}", make(SearchSpec("q", k=K, recall_target=tgt)), store.nbytes,
+                          store_build + fit_s, {"bound": "data_aware_doc", "calibration": report[str(tgt)],
+                                                "calibration_queries": len(Q_rot_train)}, set_threads))
+    return out, report
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def measure(methods: list[Method], n_test: int, threads: int, saturation_s: float) -> dict:
+    """Per method: rows of every test query, latencies (s), multiply-adds; then saturation QPS."""
+    for m in methods:
+        m.set_threads(threads)
+        m.run(0, "test")  # warm
+    got = {m.name: {"rows": [None] * n_test, "lat": np.zeros(n_test), "work": np.zeros(n_test)} for m in methods}
+    for i in range(n_test):
+        for j in range(len(methods)):  # rotate the order query by query
+            m = methods[(i + j) % len(methods)]
+            t = time.perf_counter()
+            rows, work = m.run(i, "test")
+            got[m.name]["lat"][i] = time.perf_counter() - t
+            got[m.name]["rows"][i], got[m.name]["work"][i] = np.asarray(rows), work
+    for m in methods:
+        m.set_threads(1)
+        got[m.name]["qps"] = saturation(m, n_test, threads, saturation_s)
+    return got
+
+
+def saturation(m: Method, n_test: int, workers: int, seconds: float) -> float:
+    """Queries per second with ``workers`` threads each sending one query at a time (1 thread per query)."""
+    stop = time.perf_counter() + seconds
+    counts = [0] * workers
+
+    def loop(w):
+        i = w
+        while time.perf_counter() < stop:
+            m.run(i % n_test, "test")
+            counts[w] += 1
+            i += workers
+
+    ts = [threading.Thread(target=loop, args=(w,)) for w in range(workers)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
+    X = np.ascontiguousarray(data["X"], dtype=np.float32)
+    N, D = X.shape
+    t = time.perf_counter()
+    R = pca_rotation(X).astype(np.float32)
+    rot_s = time.perf_counter() - t
+    X_rot = np.ascontiguousarray(X @ R.T, dtype=np.float32)
+    E = {"train": np.ascontiguousarray(data["Q_train"], np.float32), "test": np.ascontiguousarray(data["Q_test"], np.float32)}
+    Q = {w: np.ascontiguousarray(E[w] @ R.T, dtype=np.float32) for w in E}
+    truth = {w: exhaustive(X_rot, Q[w]) for w in Q}
+    print(f"[{name}] N={N:,}: exhaustive truth done", flush=True)
+    methods = faiss_methods(X_rot, Q, truth["train"], faiss)
+    ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
+    methods += ours
+    print(f"[{name}] methods built: " + ", ".join(f"{m.name} {m.build_s:.1f}s" for m in methods), flush=True)
+    rows = []
+    for threads in args.threads:
+        got = measure(methods, len(Q["test"]), threads, args.saturation_s)
+        for m in methods:
+            g = got[m.name]
+            ids = [[data["doc_ids"][r] for r in rr] for rr in g["rows"]]
+            row = {"corpus": name, "n_docs": N, "method": m.name, "threads": threads,
+                   "recall_at_10": round(recall_of(g["rows"], truth["test"]), 4),
+                   "ndcg_at_10": None, "ndcg_at_10_unseen": None,
+                   "p50_ms": round(float(np.percentile(g["lat"], 50)) * 1e3, 4),
+                   "p95_ms": round(float(np.percentile(g["lat"], 95)) * 1e3, 4),
+                   "p99_ms": round(float(np.percentile(g["lat"], 99)) * 1e3, 4),
+                   "qps": round(g["qps"], 1), "memory_mib": round(m.memory_bytes / MIB, 1),
+                   "coordinates_per_query": int(g["work"].mean()),
+                   "coordinate_share": round(float(g["work"].mean()) / (N * D), 4),
+                   "build_s": round(m.build_s + (rot_s if m.name.startswith("ours") else 0.0), 2),
+                   "params": m.params, "queries": len(Q["test"])}
+            if data["qrels"] is not None:
+                nd = np.array([ndcg_at_k(r, j, 10) for r, j in zip(ids, data["qrels"])])
+                row["ndcg_at_10"] = round(float(nd.mean()), 4)
+                if data["unseen"] is not None:
+                    row["ndcg_at_10_unseen"] = round(float(nd[data["unseen"]].mean()), 4)
+            rows.append(row)
+            print(f"[{name}] t={threads} {m.name:22s} recall {row['recall_at_10']:.4f} p50 {row['p50_ms']:8.3f} ms "
+                  f"share {row['coordinate_share']:.3f} qps {row['qps']:.0f}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def markdown(out: dict) -> str:
+    lines = ["# Certified width and declared recall at scale (issue 15)", "",
+             f"Command: `{out['command']}`", "", f"Machine: {out['machine']}", "",
+             "Timings are one query at a time, methods interleaved query by query; `qps` is saturation with "
+             "`threads` workers. Ratios are within one run (same corpus, same threads).", ""]
+    for corpus in dict.fromkeys(r["corpus"] for r in out["rows"]):
+        rows = [r for r in out["rows"] if r["corpus"] == corpus]
+        lines += [f"## {corpus} (N = {rows[0]['n_docs']:,})", "", out["corpora"][corpus], ""]
+        for threads in sorted({r["threads"] for r in rows}):
+            rr = [r for r in rows if r["threads"] == threads]
+            flat = next(r for r in rr if r["method"] == "faiss_flat")
+            fun = next(r for r in rr if r["method"] == "static_funnel")
+            lines += [f"### {threads} thread{'s' if threads > 1 else ''}", "",
+                      "| method | recall@10 | NDCG@10 | NDCG@10 unseen | p50 ms | p95 ms | p99 ms | p50 / flat | "
+                      "p50 / funnel | q/s | coordinates / N·D | MiB | build s |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in rr:
+                f = lambda v: "—" if v is None else f"{v}"  # noqa: E731
+                lines.append(f"| {r['method']} | {r['recall_at_10']:.4f} | {f(r['ndcg_at_10'])} | "
+                             f"{f(r['ndcg_at_10_unseen'])} | {r['p50_ms']:.3f} | {r['p95_ms']:.3f} | "
+                             f"{r['p99_ms']:.3f} | {r['p50_ms'] / flat['p50_ms']:.3f} | "
+                             f"{r['p50_ms'] / fun['p50_ms']:.3f} | {r['qps']:.0f} | {r['coordinate_share']:.4f} | "
+                             f"{r['memory_mib']:.0f} | {r['build_s']:.1f} |")
+            lines.append("")
+        fp = next(r for r in rows if r["method"] == "static_funnel")["params"]
+        lines += [f"Static funnel chosen on the training queries: m1 = {fp['m1']}, C = {fp['shortlist']} "
+                  f"(training recall@10 {fp['train_recall_at_10']}).", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--home", type=Path, default=ROOT / "var")
+    ap.add_argument("--corpora", nargs="+", default=["scifact", "debdocs", "synthetic"],
+                    choices=["scifact", "debdocs", "synthetic"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--scifact", type=Path, default=ROOT / "data" / "scifact")
+    ap.add_argument("--debdocs", type=Path, default=ROOT.parent / "shared" / "data" / "debdocs")
+    ap.add_argument("--debdocs-min", type=int, default=50_000)
+    ap.add_argument("--synthetic-n", type=int, default=1_000_000)
+    ap.add_argument("--train-queries", type=int, default=800, help="calibration queries (debdocs, synthetic)")
+    ap.add_argument("--test-queries", type=int, default=300, help="test queries (debdocs, synthetic)")
+    ap.add_argument("--saturation-s", type=float, default=5.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
+    args = ap.parse_args(argv)
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    command = "python -m bench.scale " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    scifact = load_scifact(args.home, args.scifact)
+    out = {"command": command.strip(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+           f"{platform.python_version()}, faiss {faiss.__version__}, load average at start "
+           f"{os.getloadavg()[0]:.1f}", "corpora": {}, "rows": []}
+    for name in args.corpora:
+        if name == "scifact":
+            data = scifact
+        elif name == "debdocs":
+            data = load_debdocs(args.home, args.debdocs, args.debdocs_min, args.train_queries, args.test_queries)
+        else:
+            data = load_synthetic(scifact, args.synthetic_n, args.train_queries, args.test_queries)
+        out["corpora"][name] = data["note"]
+        out["rows"] += run_corpus(name, data, args, faiss)
+        del data
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps(out["rows"], indent=1))
+        (args.out / "report.json").write_text(json.dumps(out, indent=1))
+        (args.out / "summary.md").write_text(markdown(out))
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
