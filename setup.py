@@ -3,6 +3,7 @@
 ``adawidth._levelscan`` is the level-by-level pruning kernel behind :mod:`adawidth.levels` (plain C11 and the
 CPython buffer protocol, no numpy headers).  It picks AVX-512F or AVX2+FMA+F16C at import time on x86-64 and
 falls back to portable C elsewhere, so one build runs on any x86-64 and builds on aarch64.
+``adawidth._forest`` predicts a flattened LightGBM regression forest for a few rows (:mod:`adawidth.forest`).
 ``-ffp-contract=off`` keeps the portable path's float arithmetic exactly as written (no fused multiply-adds
 that the SIMD paths do not also make), so a row's score does not depend on the compiler's contraction choices.
 """
@@ -16,6 +17,8 @@ setup(
             sources=["adawidth/_levelscan.c"],
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-pthread"],
             extra_link_args=["-pthread"],
-        )
+        ),
+        Extension("adawidth._forest", sources=["adawidth/_forest.c"],
+                  extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"]),
     ]
 )

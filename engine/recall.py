@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adawidth import recall_policy
+from adawidth.forest import Forest
 
 
 @dataclass
@@ -40,6 +41,12 @@ class RecallPolicy:
     margin_share: float = 0.25
     lock: threading.Lock = field(default_factory=threading.Lock)
     _bars: dict = field(default_factory=dict)
+    forest: Forest | None = None
+
+    def __post_init__(self):
+        # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
+        # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
+        self.forest = Forest.from_dump(self.booster.dump_model())
 
     def bar(self, target: float) -> float:
         """τ for ``target`` (cached): the lowest bar whose calibration choices meet target + margin; +inf for
@@ -56,8 +63,7 @@ class RecallPolicy:
         """(Z,) predicted recall@k of one query at every confidence of the grid."""
         f = evidence.features(self.k)
         row = np.array([f.get(n, np.nan) for n in self.feature_names], dtype=np.float64)
-        with self.lock:
-            return np.asarray(self.booster.predict(recall_policy.design(row, self.z_grid)), dtype=np.float64)
+        return self.forest.predict(recall_policy.design(row, self.z_grid))
 
     def choose(self, evidence, target: float) -> tuple[str, float | None]:
         """(bound, z) for one query: ``("exact", None)`` at target 1, else the cheapest z predicted to clear the
