@@ -32,25 +32,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
-
-from service.retrieval import FilterValues, RetrievalOptions, retrieve
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.admin import build_admin_router
+from adawidth.hybrid import parse_query
+from adawidth.tiers import RERANK_DEPTH, TIERS, predict_tier
+from engine.encoder import OnnxEncoder
+from engine.index import IndexVersion
+from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, rerank_order
+from engine.stage1 import Stage1Unavailable
 from service.access import principal_of
+from service.admin import build_admin_router
 from service.auth import require_search_key
 from service.config import GatewaySettings
-from service.errors import MAX_ECHO_CHARS, STATUS_OF_CODE, ApiError, safe_text
-from engine.index import IndexVersion
-from engine.stage1 import Stage1Unavailable
+from service.errors import MAX_ECHO_CHARS, ApiError, error_responses, safe_text
+from service.follower import start_replica
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import STAGES, CutoverMetrics, GatewayMetrics, bounded_method
 from service.online_cus import OnlineCusMonitor
-from engine.scorers import rerank_order
-from adawidth.hybrid import parse_query
-from adawidth.tiers import RERANK_DEPTH, TIERS, predict_tier
-from service.versions import VersionManager, start_replica
+from service.retrieval import FilterValues, RetrievalOptions, retrieve
+from service.version_manager import VersionManager, VersionRefused
 
 log = logging.getLogger("service")
 
@@ -124,28 +125,6 @@ class SearchResponse(BaseModel):
     trace: Trace
 
 
-class ErrorDetail(BaseModel):
-    code: Literal[tuple(STATUS_OF_CODE)] = Field(description="Machine-readable, stable (docs/API.md).")  # type: ignore[valid-type]
-    message: str = Field(description="Human-readable explanation; never echoes the request body.")
-    field: str | None = Field(description="The request field at fault, if any.")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-def error_responses(*statuses: int) -> dict:
-    """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429)."""
-    out: dict = {}
-    for status in statuses:
-        codes = sorted(c for c, st in STATUS_OF_CODE.items() if st == status)
-        out[status] = {"model": ErrorBody, "description": "Error; code one of: " + ", ".join(codes)}
-        if status == 429:
-            out[status]["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
-                                                      "schema": {"type": "integer"}}}
-    return out
-
-
 class GatewayState:
     """What the process holds: settings, encoder, the versions (live and warm) with the registry follower, metrics."""
 
@@ -161,7 +140,7 @@ class GatewayState:
                                        settings.canary_queries)
         self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
         self.registry = None  # engine.registry.Registry, None when a version is pinned
-        self.follower = None  # service.versions.RegistryFollower
+        self.follower = None  # service.follower.RegistryFollower
         self.load_error: str | None = None
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
                                      settings.retry_after_s)
@@ -177,8 +156,6 @@ class GatewayState:
     def load(self) -> None:
         """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
         failures leave the replica unready."""
-        from engine.encoder import OnnxEncoder
-
         s = self.settings
         try:
             self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
@@ -187,8 +164,6 @@ class GatewayState:
             log.error("gateway not ready: %s", e)
             return
         self.versions.encoder = self.encoder
-        from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
-
         self.maxsim = MaxSimScorer(self.encoder, s.maxsim_cache_documents)
         try:
             self.cross_encoder = CrossEncoderScorer(s.cross_encoder_dir, threads=s.encoder_threads,
@@ -215,7 +190,7 @@ class GatewayState:
 
         Raises:
             engine.registry.RegistryError: the registry is unreachable.
-            service.versions.VersionRefused: the registry's live version failed a check here
+            service.version_manager.VersionRefused: the registry's live version failed a check here
                 (the current version stays live).
         """
         with self._reload_lock:
@@ -224,8 +199,6 @@ class GatewayState:
                 self.follower.reconcile()
                 target = self.follower.registry.get(self.settings.collection).live
                 if target is not None and target in self.versions.refused:
-                    from service.versions import VersionRefused
-
                     raise VersionRefused(self.versions.refused[target],
                                          f"the registry's live version {target} was refused by this replica")
             return previous, self.live.version if self.live is not None else None

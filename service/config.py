@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.stage1 import Stage1Provider
+
 MIN_SECRET_CHARS = 16
 """Shortest API key accepted outside local mode."""
 
@@ -196,7 +198,5 @@ class GatewaySettings(BaseSettings):
 
     def stage1_provider(self):
         """The :class:`engine.stage1.Stage1Provider` these settings describe (call on resolved settings)."""
-        from engine.stage1 import Stage1Provider
-
         token = self.milvus_token.get_secret_value() if self.milvus_token else None
         return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix, self.milvus_timeout_s)

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from engine.version import store
-from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post, wait_until
+from engine.version.manifest import read_manifest
+from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post
 
 pytestmark = pytest.mark.integration
 
@@ -76,11 +77,8 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
     (home / "models" / "minilm-onnx").symlink_to(encoder_dir)
 
     def new_version(name: str):
-        manifest = json.loads((coll / v1 / store.MANIFEST).read_text())
-        files = list(manifest.pop("files"))
-        for key in ("version", "schema_version"):
-            manifest.pop(key)
-        writers = {f: (lambda path, f=f: shutil.copyfile(coll / v1 / f, path)) for f in files}
+        manifest = read_manifest(coll / v1)
+        writers = {f: (lambda path, f=f: shutil.copyfile(coll / v1 / f, path)) for f in manifest.files}
         return store.write_version(coll, name, writers, manifest)
 
     return home, coll, v1, new_version

@@ -238,7 +238,7 @@ def test_a_version_held_by_a_request_is_unloaded_only_after_it_ends(tmp_path, sc
 
     from engine.encoder import OnnxEncoder
     from service.metrics import CutoverMetrics, GatewayMetrics
-    from service.versions import VersionManager
+    from service.version_manager import VersionManager
 
     enc = OnnxEncoder(encoder_dir, threads=1)
     home = make_cutover_home(tmp_path / "home", encoder_dir, [scifact_version, pca_version])

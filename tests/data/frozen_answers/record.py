@@ -78,7 +78,7 @@ def main() -> None:
             time.sleep(0.3)
         out = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                         text=True).stdout.strip(),
-               "build": {"rotation": "pca", "version": manifest["version"]}, "k": 10, "policies": {}}
+               "build": {"rotation": "pca", "version": manifest.version}, "k": 10, "policies": {}}
         with httpx.Client(timeout=30) as client:
             for name, fields in POLICIES.items():
                 answers = {}
