@@ -37,7 +37,7 @@ $(HOME_DIR)/indexes/$(COLLECTION)/LIVE: | encoder
 index: $(HOME_DIR)/indexes/$(COLLECTION)/LIVE
 
 demo: index
-	$(BIN)/python bench/demo.py --home $(HOME_DIR) --collection $(COLLECTION) --dataset $(DATASET)
+	$(BIN)/python -m bench.demo --home $(HOME_DIR) --collection $(COLLECTION) --dataset $(DATASET)
 
 serve: index
 	ADAWIDTH_COLLECTION=$(COLLECTION) $(BIN)/python -m service --port $(PORT)

@@ -2,7 +2,7 @@
 
 Usage (what ``make demo`` runs after building the index)::
 
-    python bench/demo.py --home var --collection scifact --dataset data/scifact
+    python -m bench.demo --home var --collection scifact --dataset data/scifact
 
 Starts the gateway as a child process on a free port (or ``--port``), waits
 for ``/readyz``, sends the judged test queries once per policy, stops the
@@ -15,7 +15,6 @@ build's offline evaluation stored in the index manifest.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -28,12 +27,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.version import store  # noqa: E402
-from engine.io.beir import load_collection  # noqa: E402
-from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
+from adawidth.metrics import ranking_metric
+from bench.common import ROOT, write_results
+from engine.io.beir import load_collection, load_qrels
+from engine.version import store
+from engine.version.manifest import read_manifest
 
 
 def free_port() -> int:
@@ -83,8 +81,8 @@ def run_policy(client: httpx.Client, base: str, queries: list[tuple[str, str]], 
 
 def summarize(label: str, out: dict, qrels: dict, unseen: set[str]) -> dict:
     ids = list(out["rankings"])
-    nd = np.array([ndcg_at_k(out["rankings"][q], qrels[q], 10) for q in ids])
-    rc = np.array([recall_at_k(out["rankings"][q], qrels[q], 100) for q in ids])
+    ranked, judged = [out["rankings"][q] for q in ids], [qrels[q] for q in ids]
+    nd, rc = ranking_metric(ranked, judged, "ndcg", 10), ranking_metric(ranked, judged, "recall", 100)
     un = np.array([q in unseen for q in ids])
     widths = np.array([t["width"] for t in out["traces"]])
     return {"policy": label, "ndcg@10": float(nd.mean()), "recall@100": float(rc.mean()),
@@ -114,14 +112,12 @@ def main(argv=None) -> int:
     if version is None:
         print(f"no live index for {args.collection} under {home}; run `make index` first", file=sys.stderr)
         return 2
-    manifest = store.read_manifest(coll_dir / version)
+    manifest = read_manifest(coll_dir / version)
     col = load_collection(args.dataset, args.split)
     judged = col.judged_queries()
     queries = sorted(judged.items(), key=lambda kv: kv[0])
     train_cited = set()
     try:
-        from engine.io.beir import load_qrels
-
         train_cited = {d for j in load_qrels(args.dataset, "train").values() for d, g in j.items() if g > 0}
     except Exception:  # noqa: BLE001 - a collection without a train split has no 'unseen' subset
         pass
@@ -155,29 +151,27 @@ def main(argv=None) -> int:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
-    ev = manifest.get("evaluation") or {}
+    ev = manifest.evaluation or {}
     static = ev.get("static", {})
     offline = []
     for key, label in [("exact/identity/384", "full width 384 (frozen encoder)"),
                        ("exact/identity/64", "truncation 64"), ("exact/pca/64", "PCA 64"), ("exact/pca/128", "PCA 128"),
-                       (f"exact/{manifest['adapter']['kind']}/64", "adapter 64"),
-                       (f"exact/{manifest['adapter']['kind']}/128", "adapter 128")]:
+                       (f"exact/{manifest.adapter.kind}/64", "adapter 64"),
+                       (f"exact/{manifest.adapter.kind}/128", "adapter 128")]:
         if key in static:
             offline.append({"policy": label, "ndcg@10": static[key]["all"]["ndcg@10"],
                             "recall@100": static[key]["all"]["recall@100"],
                             "ndcg@10_unseen": static[key].get("unseen", {}).get("ndcg@10"),
                             "mean_width": float(key.rsplit("/", 1)[1]), "source": "offline exact search"})
     result = {
-        "command": "make demo  (python bench/demo.py --home var --collection scifact --dataset data/scifact)",
+        "command": "make demo  (python -m bench.demo --home var --collection scifact --dataset data/scifact)",
         "collection": args.collection, "split": args.split, "queries": len(queries), "unseen_queries": len(unseen),
-        "index_version": version, "adapter": manifest["adapter"]["kind"],
-        "action_pair": manifest["router"]["default_pair"], "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "index_version": version, "adapter": manifest.adapter.kind,
+        "action_pair": list(manifest.router.default_pair) if manifest.router and manifest.router.default_pair else None, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "offline": offline, "http": rows, "routed_offline": ev.get("routed"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.collection}_demo.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     md = render_markdown(result)
-    (args.out / f"{args.collection}_demo.md").write_text(md, encoding="utf-8")
+    write_results(args.out / f"{args.collection}_demo", result, md, indent=2)
     print(md)
     return 0
 
