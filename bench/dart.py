@@ -29,8 +29,8 @@ import torch
 from adawidth.metrics import per_query
 from bench.common import ROOT, command, write_results
 from engine.io.beir import load_collection
-from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, cached_states, encode_states, load_bert, rank,
-                                   split_dev, train)
+from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, add_setting_arguments, cached_states,
+                                   encode_states, load_bert, rank, split_dev, train)
 
 METRICS = (("recall", 100), ("recall", 10), ("recall", 1), ("ndcg", 10))
 
@@ -67,9 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--objectives", nargs="+", default=["infonce", "at_dw_infonce", "focal", "temp_schedule"])
     ap.add_argument("--alphas", nargs="+", type=float, default=None, help="α values for at_dw_infonce (sweep)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--trainable-layers", type=int, default=1)
-    ap.add_argument("--doc-max-tokens", type=int, default=128)
-    ap.add_argument("--max-epochs", type=int, default=1)
+    add_setting_arguments(ap, max_epochs=1)
     ap.add_argument("--patience", type=int, default=0)
     ap.add_argument("--dev-fraction", type=float, default=0.1)
     ap.add_argument("--cache-dir", type=Path, default=None, help="frozen-state cache (default $ADAWIDTH_HOME/dart)")

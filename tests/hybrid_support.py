@@ -15,6 +15,15 @@ TENANTS = ("acme", "globex", "initech")
 GROUPS = ("eng", "legal", "hr")
 
 
+def unit_data(seed: int = 0, n: int = 300, d: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded unit-norm documents (n, d) float32 and one unit query (d,) float32."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    q = rng.standard_normal(d).astype(np.float32)
+    return X, q / np.linalg.norm(q)
+
+
 def synthetic_corpus(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
     """n texts of 3..12 words from :data:`WORDS` and their fields; a third of the documents carry an ACL,
     every tenth has no tenant (invisible under any policy)."""

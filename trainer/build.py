@@ -35,6 +35,7 @@ from adawidth.metrics import ranking_metric
 from adawidth.rotation import orthogonality_error, pca_rotation
 from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from adawidth.tiers import RERANK_DEPTH
+from engine.home import home_defaults
 from engine.io.beir import Collection, available_splits, load_collection, load_qrels
 from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
@@ -248,7 +249,7 @@ def _check_options(opts: BuildOptions, settings, dimension: int) -> None:
 
 
 def _cross_encoder_dir(opts: BuildOptions, settings) -> Path:
-    return Path(opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder")
+    return Path(opts.cross_encoder or home_defaults(Path(settings.home))["cross_encoder_dir"])
 
 
 def _read_dataset(ctx: BuildContext) -> None:

@@ -1,15 +1,22 @@
 """Admin authentication, POST /admin/reload (atomic swap of the live version), optional search key,
 and bounded metric series under 10,000 requests to random paths."""
 
+import asyncio
 import hmac
 import json
 import random
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from engine.registry.file import FileRegistry
 from engine.version import store
 from engine.version.manifest import read_manifest
+from service.app import create_app
+from service.config import GatewaySettings
 from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post
 
 pytestmark = pytest.mark.integration
@@ -86,8 +93,6 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
 
 def promote_in_registry(home, version):
     """Register ``version`` and make it live in the collection's file registry (what `trainer promote` does)."""
-    from engine.registry.file import FileRegistry
-
     reg = FileRegistry(home / "indexes")
     reg.publish("scifact", version, actor="test")
     reg.promote("scifact", version, gate={"skipped": True}, actor="test")
@@ -99,8 +104,6 @@ def live_series(client):
 
 
 def test_reload_swaps_atomically_and_keeps_in_flight_requests_on_their_version(make_gateway, two_versions):
-    from concurrent.futures import ThreadPoolExecutor
-
     home, coll, v1, new_version = two_versions
     new_version("v2-reload-test")
     with make_gateway(home=home, admin_api_key=STRONG_ADMIN_KEY) as (client, state):
@@ -159,14 +162,6 @@ def test_metric_series_stay_bounded_after_10000_random_requests(tmp_path):
     combination exists); 10,000 random requests later the number of exported
     series has not grown.
     """
-    import asyncio
-
-    import httpx
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     rng = random.Random(8)
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.~%"
     routes = ["/v1/search", "/healthz", "/readyz", "/admin/reload", "/metrics"]

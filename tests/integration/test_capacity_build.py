@@ -12,6 +12,8 @@ import pytest
 
 from engine.version.manifest import verify
 from tests.conftest import ROOT, VAR
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +56,6 @@ def test_scifact_version_carries_its_capacity_report(scifact_version):
 
 @pytest.fixture(scope="module")
 def limit_small_version(tmp_path_factory, encoder_dir, encoder):
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     home = tmp_path_factory.mktemp("limit-home")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()

@@ -10,11 +10,15 @@ import json
 import shutil
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
 from adawidth import stage1_policy as sp
 from engine.index import IndexVersion
 from engine.version.manifest import IndexVersionError, read_manifest
 from engine.version.store import resolve_version_path
+from service.app import create_app
+from service.config import GatewaySettings
 from tests.conftest import build_home
 
 FULL_WIDTH_NDCG = 0.6451  # the frozen encoder, exhaustive (README, bench/results/scifact_demo.md)
@@ -35,12 +39,6 @@ def funnel_manifest(funnel_home):
 
 @pytest.fixture(scope="module")
 def client(funnel_home):
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     app = create_app(GatewaySettings(home=funnel_home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as c:
         yield c

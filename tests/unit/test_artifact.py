@@ -7,8 +7,7 @@ import pytest
 
 from engine.index import IndexVersion
 from engine.version import files, store
-from engine.version.manifest import (READABLE_SCHEMAS, SCHEMA_VERSION, Expect, IndexVersionError, read_manifest,
-                                     verify)
+from engine.version.manifest import READABLE_SCHEMAS, SCHEMA_VERSION, Expect, IndexVersionError, read_manifest, verify
 
 N, D, M0 = 12, 8, 4
 

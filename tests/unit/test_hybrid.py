@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from pydantic import ValidationError
 
 from adawidth import hybrid
 from adawidth.prefix import prefix_normalize, top_k
-from service.errors import ApiError
 from engine.index import IndexVersion
 from engine.version.manifest import IndexVersionError, verify
+from service.config import GatewaySettings
+from service.errors import ApiError
 from service.retrieval import RetrievalOptions, retrieve
 from tests.hybrid_support import GROUPS, TENANTS, WORDS, synthetic_corpus, write_synthetic_version
-import hashlib
-from pydantic import ValidationError
-from service.config import GatewaySettings
 
 N, DIM = 240, 32
 

@@ -2,16 +2,12 @@ import numpy as np
 import pytest
 
 from adawidth.funnel import exact_stage1, exact_stage1_batch, resolve
-from adawidth.prefix import (PartialScores, exact_prefix_search, partial_scores_from_cosines, prefix_normalize,
-                             top_k)
+from adawidth.prefix import PartialScores, exact_prefix_search, partial_scores_from_cosines, prefix_normalize, top_k
+from tests.hybrid_support import unit_data
 
 
 def _data(seed=0, n=200, d=32):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d)).astype(np.float32)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    q = rng.standard_normal(d).astype(np.float32)
-    return X, q / np.linalg.norm(q)
+    return unit_data(seed, n, d)
 
 
 def test_extend_reuses_partial_sums_and_equals_direct_cosine():

@@ -7,11 +7,11 @@ import multiprocessing as mp
 
 import pytest
 
-from engine.version import store
-from tests.hybrid_support import write_synthetic_version
 from engine.registry.file import FileRegistry
 from engine.registry.state import (RegistryError, RegistryState, apply_promote, apply_publish, apply_rollback,
                                    check_version_name)
+from engine.version import store
+from tests.hybrid_support import write_synthetic_version
 
 
 def test_publish_promote_rollback_transitions():

@@ -26,8 +26,8 @@ from engine.io.beir import load_collection
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 from trainer.dart.export import export_finetuned
-from trainer.dart.finetune import (OBJECTIVES, FinetuneConfig, TrainData, cached_states, load_bert, merge_into,
-                                   split_dev, train)
+from trainer.dart.finetune import (OBJECTIVES, FinetuneConfig, TrainData, add_setting_arguments, cached_states,
+                                   load_bert, merge_into, split_dev, train)
 
 
 def main(argv=None) -> int:
@@ -36,9 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--objective", choices=OBJECTIVES, default="at_dw_infonce")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alpha", type=float, default=2.0)
-    ap.add_argument("--trainable-layers", type=int, default=1)
-    ap.add_argument("--doc-max-tokens", type=int, default=128)
-    ap.add_argument("--max-epochs", type=int, default=2)
+    add_setting_arguments(ap, max_epochs=2)
     ap.add_argument("--out", type=Path, required=True, help="ONNX export folder to write")
     ap.add_argument("--home", type=Path, help="working folder (env ADAWIDTH_HOME, default var)")
     ap.add_argument("--build", action="store_true", help="build an index version with the new encoder")

@@ -50,7 +50,7 @@ from engine.io.beir import load_collection
 from engine.io.checksum import sha256_file
 from engine.scorers import CrossEncoderScorer, encode_pairs, pair_tokenizer, rerank_order
 from trainer.config import TrainerSettings
-from trainer.dart.finetune import load_bert, rank, warmup_linear_decay
+from trainer.dart.finetune import load_bert, optimizer_step, rank, warmup_linear_decay
 from trainer.embed_cache import EmbeddingCache, encode_with_cache
 from trainer.export_onnx import package_model_dir
 
@@ -215,11 +215,7 @@ def train(cfg: CrossEncoderConfig, bert, tokenizer_file: Path | str, data: Reran
             f = {k: torch.as_tensor(v) for k, v in encode_pairs(tok, qs, ds).items()}
             logits = model(**f).view(len(chunk), cfg.group_size)
             loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(chunk), dtype=torch.long))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, model.parameters())
             step += 1
             losses.append(loss.item())
             bar.update(1)

@@ -234,6 +234,24 @@ def warmup_linear_decay(opt, total: int, warmup_frac: float):
         opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
 
 
+def add_setting_arguments(parser, *, max_epochs: int) -> None:
+    """The fine-tuning setting's command-line arguments (``--trainable-layers``, ``--doc-max-tokens``,
+    ``--max-epochs``; defaults: the CPU setting, top layer over frozen states at 128 document tokens)."""
+    parser.add_argument("--trainable-layers", type=int, default=1)
+    parser.add_argument("--doc-max-tokens", type=int, default=128)
+    parser.add_argument("--max-epochs", type=int, default=max_epochs)
+
+
+def optimizer_step(loss: torch.Tensor, opt, sched, params, max_norm: float = 1.0) -> None:
+    """One clipped training step: zero the gradients, backpropagate ``loss``, clip the gradients' global L2 norm
+    to ``max_norm``, step the optimizer and the learning-rate schedule."""
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    opt.step()
+    sched.step()
+
+
 def rank(Q: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
     """Exact top-k document rows by inner product: Q (n, D), X (N, D) -> (n, min(k, N)) int64, best first
     (ties by row, :func:`adawidth.prefix.top_k`)."""
@@ -349,11 +367,7 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
                 loss = losses.info_nce(scores, target, valid, tau=tau)
             if head is not None:
                 loss = joint_loss(loss, head(qemb), tier_all[b], lam=cfg.head_lambda)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(top.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, top.parameters())
             step += 1
             losses_ep.append(float(loss.detach()))
         X = encode_states(top, dstates)
