@@ -22,11 +22,12 @@ from adawidth import stage1_policy
 from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
-from adawidth.router import threshold_for_rate
+from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
-from engine.stage1 import FaissStage1, Shortlist
+from engine.stage1 import ExactStage1, FaissStage1, Shortlist
 from engine.version import files
-from engine.version.manifest import Expect, Manifest, verify
+from engine.version.manifest import (SCHEMA_VERSION, CorpusSection, EncoderSection, Expect, Manifest, RouterSection,
+                                     verify)
 
 
 @dataclass
@@ -114,6 +115,12 @@ class IndexVersion:
         self.lexical = lexical  # engine.lexical.LexicalIndex, None for versions built without it
         self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
+        self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
+        self.recall_policy = None  # engine.recall.RecallPolicy: per-query confidence of policy 'recall'
+        self.level_threads = 1  # kernel threads of one query's level scan (the gateway sets it from N and cores)
+        # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
+        self.manifest_default_policy: str | None = (manifest.policy.default if manifest.policy is not None else None) or (
+            "funnel" if funnel_policy is not None else "router" if routers else None)
 
     @property
     def size(self) -> int:
@@ -163,6 +170,50 @@ class IndexVersion:
         version.texts = files.read_rerank_texts(path, manifest)
         version.tier_head = files.read_tier_head(path, manifest)
         return version
+
+    @classmethod
+    def in_memory(cls, X_rot: np.ndarray, rotation: np.ndarray, doc_ids: list[str], *, m0: int = 64,
+                  shortlist: int = 500, routers: dict | None = None, default_pair: tuple[int, int] | None = None,
+                  default_rho: float = 0.2, funnel_policy: "FunnelPolicy | None" = None, lexical=None,
+                  backend: str = "exact", collection: str = "offline", version: str = "offline",
+                  theta: float = 0.05, levels=None, recall_policy=None, level_threads: int = 1) -> "IndexVersion":
+        """A version held in memory, never written: what the trainer evaluates and the benchmarks time, through
+        the same :class:`engine.pipeline.Pipeline` the gateway runs.
+
+        Args:
+            X_rot: (N, D) float32 rotated documents (unit norm at D).
+            rotation: (D, D) float32 R (queries are rotated by it).
+            doc_ids: N ids.
+            m0, shortlist: stage-1 width and shortlist size C.
+            routers: action pair -> :class:`Router` (policy ``router``).
+            funnel_policy: a :class:`FunnelPolicy` (policy ``funnel``).
+            lexical: a lexical index (modes ``lexical``/``hybrid``, filters).
+            levels: an :class:`adawidth.levels.LevelStore` of ``X_rot`` (policies ``exact`` and ``recall``).
+            recall_policy: an :class:`engine.recall.RecallPolicy` (policy ``recall``).
+            level_threads: kernel threads of one query's level scan.
+            backend: ``exact`` (brute-force numpy stage 1, the reference) or ``faiss`` (an ``IndexFlatIP`` over
+                the normalised m0-prefixes, as served).
+        """
+        X_rot = np.ascontiguousarray(X_rot, dtype=np.float32)
+        N, D = X_rot.shape
+        sq = files.doc_sqnorm(X_rot, m0)
+        manifest = Manifest(schema_version=SCHEMA_VERSION, version=version, collection=collection,
+                            encoder=EncoderSection(onnx_sha256="in-memory"), dimension=D, m0=m0, shortlist=shortlist,
+                            theta=theta, corpus=CorpusSection(documents=N),
+                            router=RouterSection(feature_names=list(FEATURE_NAMES), default_rho=default_rho,
+                                                 default_pair=tuple(default_pair) if default_pair else None))
+        if backend == "exact":
+            stage1, index = ExactStage1(X_rot, sq, m0), None
+        elif backend == "faiss":
+            index, stage1 = files.stage1_index(X_rot, m0), None
+        else:
+            raise ValueError(f"backend must be 'exact' or 'faiss', got {backend!r}")
+        v = cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
+                dict(routers or {}), funnel_policy, lexical, stage1=stage1)
+        v.levels, v.recall_policy, v.level_threads = levels, recall_policy, int(level_threads)
+        if levels is not None and recall_policy is not None:
+            v.manifest_default_policy = "recall"
+        return v
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""

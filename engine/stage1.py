@@ -21,7 +21,7 @@ Two implementations of :class:`Stage1Backend`:
             search returns the shortlist with its rescoring vectors.
 
 The version a request uses is resolved once, at its start, from our registry
-(:meth:`service.versions.VersionManager.acquire`); each loaded version holds a
+(:meth:`service.version_manager.VersionManager.acquire`); each loaded version holds a
 backend bound to *its own* Milvus collection name, so a request never re-resolves
 mid-request and a Milvus alias is never consulted.
 """
@@ -36,7 +36,7 @@ from typing import Protocol, runtime_checkable
 import faiss
 import numpy as np
 
-from adawidth.prefix import top_k
+from adawidth.prefix import prefix_normalize, top_k
 from engine.version.files import read_stage1_index
 from engine.version.manifest import Manifest
 from engine.version.milvus import (RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
@@ -126,10 +126,44 @@ class FaissStage1:
         pass
 
 
+class ExactStage1:
+    """Brute-force numpy stage 1: the reference faiss's ``IndexFlatIP`` must equal, for offline evaluation.
+
+    Same contract as :class:`FaissStage1` (ranks by the inner product of normalised m0-prefixes; ties by the
+    lower row), computed by a matrix product over the whole corpus instead of a faiss index.
+
+    Args:
+        docs: (N, D) float32 rotated documents.
+        doc_sqnorm_m0: (N,) float32 ``||d[:m0]||^2``.
+        m0: stage-1 width.
+    """
+
+    kind = "exact"
+
+    def __init__(self, docs: np.ndarray, doc_sqnorm_m0: np.ndarray, m0: int):
+        self.docs, self.doc_sqnorm_m0, self.m0 = docs, doc_sqnorm_m0, int(m0)
+        self.prefixes = prefix_normalize(np.asarray(docs), self.m0)
+        self.rescore_width = int(docs.shape[1])
+
+    def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        scores = self.prefixes @ np.asarray(query_prefix, np.float32)
+        if allowed is not None:
+            scores = np.where(allowed, scores, -np.inf).astype(np.float32)
+            size = min(size, int(allowed.sum()))
+        rows = top_k(scores, size)
+        return Shortlist(rows, scores[rows].astype(np.float32), self.docs, self.doc_sqnorm_m0)
+
+    def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return FaissStage1.full(self, query, k, allowed)
+
+    def close(self) -> None:
+        pass
+
+
 class Stage1Unavailable(RuntimeError):
     """The backend cannot serve this version.
 
-    ``code`` is a refusal reason of :mod:`service.versions` (``missing``, ``schema``), or ``unreachable``: the
+    ``code`` is a refusal reason of :mod:`service.version_manager` (``missing``, ``schema``), or ``unreachable``: the
     engine did not answer -- transient, so the version is retried rather than refused, and a search that
     meets it answers 503 ``stage1_unavailable``.
     """

@@ -34,7 +34,8 @@ from engine.gate import run_gate
 from engine.registry.state import RegistryError, check_version_name
 from engine.version.manifest import Expect, IndexVersionError, verify
 from service.auth import require_admin
-from service.errors import ApiError, error_responses
+from service.errors import ApiError
+from service.models import error_responses
 from service.version_manager import VersionRefused
 
 log = logging.getLogger("service.admin")

@@ -76,8 +76,15 @@ class GatewaySettings(BaseSettings):
                                                                 "in memory (about 192 KiB each at 256 tokens).")
     k_max: int = Field(1000, ge=1, description="Largest k a request may ask for.")
     k_default: int = Field(10, ge=1, description="k when a request does not give one.")
+    default_policy: Literal["recall", "router", "funnel"] = Field(
+        "recall", description="Policy of width 'auto' when a request names none: 'recall' (a declared recall@k "
+                              "against exhaustive search), 'router' or 'funnel'. A version that cannot serve it "
+                              "answers with its own default policy (the trace says which).")
+    default_recall_target: float = Field(0.99, gt=0.0, le=1.0,
+                                         description="recall@k target of policy 'recall' when a request gives none.")
     default_rho: float | None = Field(None, ge=0.0, le=1.0,
-                                      description="Target escalation fraction for width 'auto' (default: the manifest's).")
+                                      description="Escalation fraction of policy 'router' when a request gives none "
+                                                  "(default: the manifest's). Never changes the policy.")
     action_pair: tuple[int, int] | None = Field(None, description="Router action pair (l, h) (default: the manifest's).")
     max_query_chars: int = Field(20_000, ge=1,
                                  description="Longest query text accepted, in characters (413 query_too_long above); "

@@ -3,15 +3,12 @@
 Every error body is ``{"error": {"code": str, "message": str, "field": str | null}}``.
 The codes are stable and listed, with their meaning, in ``docs/API.md``
 (``tests/unit/test_gateway_units.py::test_error_table_in_docs_equals_the_code_table`` checks that the table
-there and this one agree).  :func:`error_responses` gives the OpenAPI entries of the routes' error statuses.
+there and this one agree).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
-
-from pydantic import BaseModel, Field
 
 STATUS_OF_CODE: dict[str, int] = {
     # the body as bytes / JSON
@@ -27,6 +24,10 @@ STATUS_OF_CODE: dict[str, int] = {
     "width_out_of_range": 422,
     "unknown_width": 422,
     "rho_out_of_range": 422,
+    "recall_target_out_of_range": 422,
+    "unknown_policy": 422,
+    "policy_conflict": 422,
+    "policy_unavailable": 409,
     "unknown_field": 422,
     "invalid_type": 422,
     "missing_field": 422,
@@ -112,25 +113,3 @@ class ApiError(Exception):
     def body(self) -> dict:
         field = None if self.field is None else safe_text(self.field, MAX_ECHO_CHARS)
         return {"error": {"code": self.code, "message": safe_text(self.message), "field": field}}
-
-
-class ErrorDetail(BaseModel):
-    code: Literal[tuple(STATUS_OF_CODE)] = Field(description="Machine-readable, stable (docs/API.md).")  # type: ignore[valid-type]
-    message: str = Field(description="Human-readable explanation; never echoes the request body.")
-    field: str | None = Field(description="The request field at fault, if any.")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-def error_responses(*statuses: int) -> dict:
-    """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429)."""
-    out: dict = {}
-    for status in statuses:
-        codes = sorted(c for c, st in STATUS_OF_CODE.items() if st == status)
-        out[status] = {"model": ErrorBody, "description": "Error; code one of: " + ", ".join(codes)}
-        if status == 429:
-            out[status]["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
-                                                      "schema": {"type": "integer"}}}
-    return out

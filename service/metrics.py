@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 WIDTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384)
-STAGES = ("encode", "rotate", "stage1", "route_and_rescore", "rerank", "total")
+STAGES = ("encode", "rotate", "stage1", "route", "rescore", "fuse", "rerank", "render", "total")
+"""Values of the ``stage`` label: the pipeline's stages (:data:`engine.stages.STAGES`) and the total."""
+RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
 
 
 class GatewayMetrics:
@@ -36,6 +38,10 @@ class GatewayMetrics:
                                        "Multiply-adds a query cost per stage (stage1: documents visited x width; "
                                        "rescoring: candidates x coordinates added).", ["stage"],
                                        buckets=tuple(10.0 ** e for e in range(3, 11)), registry=registry)
+        self.scan_share = Histogram("adawidth_search_scan_share_ratio",
+                                    "Share of the corpus's N x D coordinates a level-scanned query read (policies "
+                                    "exact and recall): 1 - the realised pruning ratio.", ["policy"],
+                                    buckets=RATIO_BUCKETS, registry=registry)
         self.escalations = Counter("adawidth_escalations_total", "Queries the router escalated to the high width.",
                                    registry=registry)
         self.tiers = Counter("adawidth_search_tier_total", "Searches by the DART tier that served them "
@@ -50,6 +56,12 @@ class GatewayMetrics:
                                     registry=registry)
         self.search_queued = Gauge("adawidth_search_queued_requests", "Admitted searches waiting for a worker.",
                                    registry=registry)
+
+
+    def observe_levels(self, trace: dict, full_work: int) -> None:
+        """Count one level-scanned query: its coordinates as a share of the corpus's N x D."""
+        if full_work > 0:
+            self.scan_share.labels(trace["policy"]).observe(trace["coordinates_scored"] / full_work)
 
 
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
@@ -67,7 +79,7 @@ class CutoverMetrics:
     """Series of blue/green cutover (issue 3), on the same registry as ``gateway``'s.
 
     Labels are bounded: ``collection`` is the one collection a replica serves and
-    ``reason`` is one of :data:`service.versions.REFUSAL_CODES`.  The live version
+    ``reason`` is one of :data:`service.version_manager.REFUSAL_CODES`.  The live version
     itself is only a label of ``adawidth_live_version_info`` (one series at a time).
     """
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -72,33 +73,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def gateway_url(scifact_home):
-    """A real gateway process (uvicorn) serving the session's SciFact index."""
+@contextmanager
+def serve_home(home: Path, collection: str, **env_settings):
+    """A real gateway process (uvicorn) serving ``home``'s ``collection``; yields its base URL.
+
+    ``env_settings`` are extra ``ADAWIDTH_*`` variables (name without the prefix, e.g. ``DEFAULT_POLICY``)."""
     port = free_port()
-    env = dict(os.environ, ADAWIDTH_HOME=str(scifact_home), ADAWIDTH_PORT=str(port), ADAWIDTH_COLLECTION="scifact")
+    env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_PORT=str(port), ADAWIDTH_COLLECTION=collection,
+               **{f"ADAWIDTH_{k}": str(v) for k, v in env_settings.items()})
     for name in ("REDIS_URL", "ADAWIDTH_REDIS_URL"):  # the file registry of this home, whatever the shell says
         env.pop(name, None)
-    log = open(scifact_home / "gateway.log", "w")
+    log_path = home / f"gateway-{port}.log"
+    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited: {(scifact_home / 'gateway.log').read_text()[-2000:]}")
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("gateway not ready in 120 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise TimeoutError("gateway not ready in 120 s")
-        time.sleep(0.3)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def gateway_url(scifact_home):
+    """A real gateway process (uvicorn) serving the session's SciFact index."""
+    with serve_home(scifact_home, "scifact") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +130,6 @@ def app_client(scifact_home):
 def pca_version(tmp_path_factory, encoder_dir, encoder) -> Path:
     """A second SciFact version for the cutover tests: PCA rotation, one router, no evaluation (built in seconds
     from the cached embeddings; its rankings differ from the adapter version's).  Not registered anywhere."""
-
     home = tmp_path_factory.mktemp("pca-build")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()

@@ -30,7 +30,8 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
 * 1 -- the first format: core and stage-1 file names fixed, not listed in the manifest.
 * 2 -- adds the ``core`` section (the names of the core files), ``stage1.file``, and ``lexical.text_file`` /
   ``lexical.fields_file``: every file of a version is named by a section, and :func:`verify` checks that
-  every file a section names is covered by the checksums.  A schema-1 manifest reads with the fixed names.
+  every file a section names is covered by the checksums; and the ``policy`` section (the default policy of
+  ``width: "auto"``).  A schema-1 manifest reads with the fixed names and no ``policy``.
 """
 
 from __future__ import annotations
@@ -200,6 +201,13 @@ class TiersSection(_Section):
     head: TierHeadSection | None = None
 
 
+class PolicySection(_Section):
+    """The policy ``width: "auto"`` uses on this version by default (``router``, ``funnel``, ``recall``, ...;
+    None: the funnel policy when the version has one, else the width router)."""
+
+    default: str | None = None
+
+
 class Manifest(BaseModel):
     """``manifest.json`` of one index version (see the module docstring for the sections and schemas)."""
 
@@ -224,6 +232,7 @@ class Manifest(BaseModel):
     cars: CarsSection | None = None
     rerank: RerankSection | None = None
     tiers: TiersSection | None = None
+    policy: PolicySection | None = None
     evaluation: dict | None = None
     capacity: dict | None = None
     build_seconds: dict | None = None

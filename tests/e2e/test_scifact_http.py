@@ -29,7 +29,7 @@ def run_http(url, queries, width, k=100, rho=None):
         for qid, text in queries.items():
             body = {"query": text, "k": k, "width": width}
             if rho is not None:
-                body["rho"] = rho
+                body.update(policy="router", rho=rho)
             r = client.post(f"{url}/v1/search", json=body)
             assert r.status_code == 200, r.text
             data = r.json()

@@ -78,13 +78,13 @@ def test_auto_is_served_by_the_funnel_policy_and_the_trace_counts_its_work(clien
         assert (cfg.m1, cfg.rescore_width) == (t["stage1_width"], t["width"])
 
 
-def test_rho_selects_the_width_router_and_fixed_widths_are_unchanged(client):
-    t = client.post("/v1/search", json={"query": QUERIES[0], "width": "auto", "rho": 1.0}).json()["trace"]
+def test_the_width_router_is_named_and_fixed_widths_are_unchanged(client):
+    t = client.post("/v1/search", json={"query": QUERIES[0], "width": "auto", "policy": "router", "rho": 1.0}).json()["trace"]
     assert (t["policy"], t["width"], t["escalated"], t["stage1_width"]) == ("router", 128, True, 64)
     t = client.post("/v1/search", json={"query": QUERIES[0], "width": 96}).json()["trace"]
     assert (t["policy"], t["width"], t["stage1_width"], t["shortlist"]) == ("fixed", 96, 64, 500)
     t = client.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()["trace"]
-    assert (t["policy"], t["stage1_work"], t["rescoring_work"]) == ("full", 5183 * 384, 0)
+    assert (t["policy"], t["stage1_work"], t["rescoring_work"]) == ("exact", 5183 * 384, 0)
 
 
 def test_work_per_stage_is_a_prometheus_histogram(client):
@@ -121,5 +121,5 @@ def test_only_router_queries_at_the_default_rho_feed_the_escalation_drift_ratio(
 
     before = counters()
     client.post("/v1/search", json={"query": QUERIES[2], "width": "auto"})              # funnel
-    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto", "rho": 1.0})  # client rho
+    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto", "policy": "router", "rho": 1.0})  # client rho
     assert counters() == before

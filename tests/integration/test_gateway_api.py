@@ -18,8 +18,8 @@ def post(client, body, **kw):
     return client.post("/v1/search", content=body if isinstance(body, (bytes, str)) else json.dumps(body), **kw)
 
 
-def test_search_returns_ranked_results_and_trace(app_client):
-    r = post(app_client, {"query": Q, "k": 10})
+def test_the_width_router_returns_ranked_results_and_trace(app_client):
+    r = post(app_client, {"query": Q, "k": 10, "policy": "router"})
     assert r.status_code == 200
     data = r.json()
     scores = [h["score"] for h in data["results"]]
@@ -32,7 +32,7 @@ def test_search_returns_ranked_results_and_trace(app_client):
     assert t["stage1_work"] == 5183 * 64
     assert t["rescoring_work"] == 500 * (t["width"] - 64)
     assert t["coordinates_scored"] == t["stage1_work"] + t["rescoring_work"]
-    assert {"encode", "rotate", "stage1", "route_and_rescore", "total"} <= set(t["timings_seconds"])
+    assert {"encode", "rotate", "stage1", "route", "rescore", "total"} <= set(t["timings_seconds"])
 
 
 @pytest.mark.parametrize("width", [16, 64, 100, 384, "full"])
@@ -44,8 +44,8 @@ def test_fixed_widths(app_client, width):
 
 
 def test_rho_extremes_force_the_router_decision(app_client):
-    hi = post(app_client, {"query": Q, "width": "auto", "rho": 1.0}).json()["trace"]
-    lo = post(app_client, {"query": Q, "width": "auto", "rho": 0.0}).json()["trace"]
+    hi = post(app_client, {"query": Q, "width": "auto", "policy": "router", "rho": 1.0}).json()["trace"]
+    lo = post(app_client, {"query": Q, "width": "auto", "policy": "router", "rho": 0.0}).json()["trace"]
     assert (hi["escalated"], hi["width"]) == (True, 128)
     assert (lo["escalated"], lo["width"]) == (False, 64)
 
@@ -69,7 +69,11 @@ def test_k_beyond_shortlist_grows_it(app_client):
     ({"query": Q, "width": 0}, 422, "width_out_of_range"),
     ({"query": Q, "width": 385}, 422, "width_out_of_range"),
     ({"query": Q, "width": 2.5}, 422, "unknown_width"),
-    ({"query": Q, "rho": 1.5}, 422, "rho_out_of_range"),
+    ({"query": Q, "policy": "router", "rho": 1.5}, 422, "rho_out_of_range"),
+    ({"query": Q, "width": 64, "rho": 0.5}, 422, "policy_conflict"),
+    ({"query": Q, "policy": "router", "recall_target": 0.9}, 422, "policy_conflict"),
+    ({"query": Q, "policy": "everything"}, 422, "unknown_policy"),
+    ({"query": Q, "recall_target": "high"}, 422, "recall_target_out_of_range"),
     ({"query": Q, "colour": "red"}, 422, "unknown_field"),
     ({"k": 3}, 422, "missing_field"),
     ({"query": 42}, 422, "invalid_type"),
@@ -112,7 +116,7 @@ def test_health_ready_and_metrics(app_client):
     assert app_client.get("/healthz").json() == {"status": "ok"}
     ready = app_client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["documents"] == 5183
-    post(app_client, {"query": Q, "width": "auto", "rho": 1.0})
+    post(app_client, {"query": Q, "width": "auto", "policy": "router", "rho": 1.0})
     text = app_client.get("/metrics").text
     for series in ("adawidth_search_stage_duration_seconds_bucket", "adawidth_search_width_coordinates_bucket",
                    "adawidth_escalations_total", "adawidth_http_requests_total", "adawidth_live_version_info"):

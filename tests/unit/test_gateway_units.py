@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from service.app import _bounded_int, has_lone_surrogate, is_blank, log_query_sample
+from engine.plan import has_lone_surrogate, is_blank
+from service.parsing import _bounded_int, log_query_sample
 from service.auth import key_matches
 from service.config import GatewaySettings, placeholder_reason
 from service.errors import STATUS_OF_CODE, ApiError, safe_text

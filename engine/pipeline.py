@@ -1,0 +1,164 @@
+"""One query pipeline for the gateway, the trainer's evaluation and the benchmarks.
+
+A search is a :class:`engine.plan.Plan` (resolved once, :func:`engine.plan.resolve_plan`) run through the
+stages, one module each, passing one :class:`engine.candidates.Candidates` along::
+
+    encode -> rotate -> stage1 -> route -> rescore -> fuse -> rerank -> render
+    engine/stages/encode.py ... engine/stages/render.py
+
+The gateway calls :meth:`Pipeline.run` with the index version a request holds and the ONNX encoder; the
+trainer and the benchmarks call the same method with precomputed query embeddings (``embeddings=``) and an
+in-memory version (:meth:`engine.index.IndexVersion.in_memory`), with either the served stage-1 backend
+(faiss) or the exact one (brute force), so offline numbers are served numbers by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from adawidth.tiers import RERANK_DEPTH
+from engine.plan import Capabilities, Plan, PlanDefaults, SearchSpec, resolve_plan
+from engine.stages import STAGES
+from engine.stages.encode import encode
+from engine.stages.fuse import fuse
+from engine.stages.render import Result, render
+from engine.stages.rerank import rerank, served_tier
+from engine.stages.rescore import rescore
+from engine.stages.rotate import rotate
+from engine.stages.route import route
+from engine.stages.stage1 import allowed_mask, stage1
+
+__all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
+
+
+def capabilities(version, rerankers: dict | None = None) -> Capabilities:
+    """What ``version`` can serve on a replica holding ``rerankers`` (:meth:`Pipeline.rerankers`).
+
+    Policies: ``recall`` needs the version's levels and recall policy, ``router`` a router, ``funnel`` a funnel
+    policy (in-process stage 1 only).  Tiers: ``maxsim`` needs the documents' encoder texts, ``cross_encoder``
+    also a loaded cross-encoder, ``auto`` the difficulty head and the texts.
+    """
+    rerankers = rerankers or {}
+    policies = set()
+    if getattr(version, "levels", None) is not None and getattr(version, "recall_policy", None) is not None:
+        policies.add("recall")
+    if version.routers:
+        policies.add("router")
+    if version.funnel_policy is not None:
+        policies.add("funnel")
+    default = version.manifest_default_policy if version.manifest_default_policy in policies else None
+    if default is None:
+        default = next((p for p in ("recall", "funnel", "router") if p in policies), None)
+    tiers = {"mips"}
+    if version.texts is not None:
+        tiers |= {t for t in ("maxsim", "cross_encoder") if t in rerankers}
+        if version.tier_head is not None:
+            tiers.add("auto")
+    lex = version.lexical
+    return Capabilities(dimension=version.dimension, policies=frozenset(policies), default_policy=default,
+                        router_pairs=frozenset(version.routers), default_pair=version.default_pair,
+                        default_rho=version.default_rho,
+                        filter_fields=None if lex is None else frozenset(lex.fields.field_names),
+                        tiers=frozenset(tiers))
+
+
+class Pipeline:
+    """The stages, bound to what a process holds.
+
+    Args:
+        encoder: query encoder (``encode(list[str]) -> (B, D) float32``), or None when every call passes
+            ``embeddings``.
+        rerankers: DART rerankers by tier name (``maxsim``, ``cross_encoder``), those loaded.
+    """
+
+    def __init__(self, encoder=None, rerankers: dict | None = None):
+        self.encoder = encoder
+        self.rerankers = dict(rerankers or {})
+
+    def search(self, version, specs: Sequence[SearchSpec], *, embeddings: np.ndarray | None = None,
+               defaults: PlanDefaults | None = None) -> list[Result]:
+        """Resolve and run requests offline (the trainer's evaluation, benchmarks, canaries).
+
+        Args:
+            version: the index version (loaded or :meth:`engine.index.IndexVersion.in_memory`).
+            specs: one :class:`engine.plan.SearchSpec` per query.
+            embeddings: (Q, D) float32 query embeddings (None: encode ``specs[i].query``).
+            defaults: plan defaults (None: :class:`engine.plan.PlanDefaults` ()).
+
+        Raises:
+            engine.plan.PlanError: a spec the version cannot serve.
+        """
+        caps = capabilities(version, self.rerankers)
+        plans = [resolve_plan(s, defaults or PlanDefaults(), caps) for s in specs]
+        return self.run(plans, version, embeddings=embeddings)
+
+    def run(self, plans: Sequence[Plan], version, *, embeddings: np.ndarray | None = None,
+            check: Callable[[], None] | None = None) -> list[Result]:
+        """Run every plan against ``version``; results in the order of ``plans``.
+
+        Args:
+            plans: resolved plans (:func:`engine.plan.resolve_plan` against ``capabilities(version)``).
+            version: the index version (one reference held for the whole call).
+            embeddings: (Q, D) float32 unit-norm query embeddings to use instead of encoding (offline).
+            check: called between stages (the gateway's deadline check; it raises to stop).
+
+        Returns:
+            One :class:`engine.stages.render.Result` per plan.  Encoding is one call for all plans; its
+            duration is reported as every plan's ``encode`` timing.
+
+        Raises:
+            engine.stage1.Stage1Unavailable: an external stage-1 engine did not answer.
+            Whatever ``check`` raises.
+        """
+        check = check or (lambda: None)
+        t_encode = 0.0
+        dense = [p.dense or p.tier == "auto" for p in plans]
+        E = None
+        if embeddings is not None:
+            E = np.asarray(embeddings, dtype=np.float32)
+        elif any(dense):
+            s = time.perf_counter()
+            idx = [i for i, d in enumerate(dense) if d]
+            got = encode([plans[i] for i in idx], self.encoder)
+            E = np.zeros((len(plans), got.shape[1]), np.float32)
+            E[idx] = got
+            t_encode = time.perf_counter() - s
+            check()
+        return [self._one(p, version, E[i] if E is not None and dense[i] else None, t_encode, check)
+                for i, p in enumerate(plans)]
+
+    def _one(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check) -> Result:
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        if embedding is not None and self.encoder is not None:
+            timings["encode"] = t_encode
+
+        def timed(name, fn, *args):
+            s = time.perf_counter()
+            out = fn(*args)
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - s
+            return out
+
+        allowed = timed("stage1", allowed_mask, plan, version)
+        c = None
+        if plan.dense:
+            q = timed("rotate", rotate, plan, version, embedding)
+            c = timed("stage1", stage1, plan, version, q, allowed)
+            check()
+            c = timed("route", route, plan, version, c)
+            c = timed("rescore", rescore, plan, version, q, c)
+            check()
+        tier, predicted = served_tier(plan, version, embedding, capabilities(version, self.rerankers).tiers
+                                      if plan.tier == "auto" else frozenset())
+        keep = plan.k if tier == "mips" else max(plan.k, RERANK_DEPTH)
+        if plan.mode != "dense":
+            c = timed("fuse", fuse, plan, version, embedding, allowed, c, keep)
+        c = timed("rerank", rerank, plan, version, c, tier, self.rerankers)
+        c.trace.update(tier=tier, tier_predicted=predicted)
+        timings["total"] = time.perf_counter() - t0 + timings.get("encode", 0.0)
+        return render(plan, version, c, allowed_documents=None if allowed is None else int(allowed.sum()),
+                      embedding=embedding if plan.dense else None, timings=timings)
+

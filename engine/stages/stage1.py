@@ -1,0 +1,96 @@
+"""Stage ``stage1``: the first pass over the whole corpus (or the allowed part of it).
+
+By policy (:mod:`engine.plan`):
+
+- ``fixed``, ``router``: the m0-prefix shortlist of C = max(shortlist, depth) documents from the version's
+  stage-1 backend (faiss ``IndexFlatIP`` in process, or Milvus) over the normalised m0-prefixes; scores are
+  prefix cosines (Eq. (1) of 001).
+- ``funnel``: the first coordinate block of every document and the policy's evidence
+  (:func:`adawidth.stage1_policy.evidence`).
+- ``exact``, ``recall``: the first level of the certified level scan (:func:`adawidth.levels.begin`) where
+  the version stores levels; else (versions built before levels) the exhaustive full-width scan.
+
+The allowed set (filter ∧ access policy ∧ quoted phrases, §20.2 of 003) is computed here once and applied
+before any top-k: stage 1 only ever sees allowed documents.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adawidth import hybrid, stage1_policy
+from adawidth.prefix import prefix_normalize
+from engine.candidates import Candidates
+from engine.plan import Plan
+
+
+def allowed_mask(plan: Plan, version) -> np.ndarray | None:
+    """(N,) bool of the documents the plan may return, or None when nothing restricts it.
+
+    The plan has checked that the version has a lexical side and that filter fields exist.
+    """
+    if not plan.restricted:
+        return None
+    lex = version.lexical
+    mask = hybrid.access_mask(lex.fields, plan.principal, tenant_field=plan.tenant_field, acl_field=plan.acl_field)
+    if plan.filter:
+        mask &= lex.fields.filter_mask(plan.filter)
+    if plan.phrases:
+        mask &= lex.phrase_mask(list(plan.phrases))
+    return mask
+
+
+def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -> Candidates:
+    """Run stage 1 of the plan's policy.
+
+    Args:
+        plan: the search.
+        version: the index version this request holds.
+        query: the rotated query, (>= reach,) float32 (:mod:`engine.stages.rotate`).
+        allowed: (N,) bool or None (:func:`allowed_mask`).
+
+    Returns:
+        :class:`Candidates` with ``state`` for the route and rescore stages.
+
+    Raises:
+        engine.stage1.Stage1Unavailable: the external stage-1 engine did not answer.
+    """
+    N = version.size
+    n_allowed = N if allowed is None else int(allowed.sum())
+    c = Candidates.empty()
+    if plan.policy == "exact" and getattr(version, "levels", None) is None:
+        rows, top = version.stage1.full(query, plan.depth, allowed)
+        c = c.ranked(rows, top, version.dimension)
+        c.work["stage1"] = N * version.dimension
+        c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
+        return c
+    if plan.policy in ("exact", "recall"):
+        from adawidth import levels
+
+        state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads)
+        c.state = state
+        c.width = version.levels.layout.bounds[1]
+        c.work["stage1"] = int(state.coordinates)
+        c.trace.update(policy=plan.policy, stage1_width=c.width, shortlist=int(state.scanned))
+        return c
+    if plan.policy == "funnel":
+        fp = version.funnel_policy
+        feats, state = stage1_policy.evidence(fp.corpus, query, version.theta)
+        c.state = (feats, state)
+        c.width = stage1_policy.BLOCK
+        c.trace.update(policy="funnel")
+        return c
+    if plan.policy in ("fixed", "router"):
+        size = min(max(version.shortlist, plan.depth), n_allowed)
+        qp = prefix_normalize(query[None, :], version.m0)[0]
+        c.work["stage1"] = N * version.m0  # a flat scan, wherever it runs
+        c.width = version.m0
+        c.trace.update(policy=plan.policy, stage1_width=version.m0, shortlist=size)
+        if size == 0:  # nothing allowed: rescoring has nothing to do
+            return c
+        sl = version.stage1.shortlist(qp, size, allowed)
+        c = c.ranked(sl.rows, sl.cosines.astype(np.float64))
+        c.state = sl
+        c.trace["shortlist"] = len(sl.rows)
+        return c
+    raise NotImplementedError(f"stage 1 of policy {plan.policy!r}")

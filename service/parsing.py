@@ -1,0 +1,158 @@
+"""Request parsing at the gateway's edge: the body as bytes -> UTF-8 -> JSON -> a typed request model.
+
+Only the *types* are checked here (pydantic); every value is checked once, by
+:func:`engine.plan.resolve_plan`.  Each failure is an :class:`service.errors.ApiError` with one code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from engine.plan import PlanDefaults, has_lone_surrogate
+from service.config import GatewaySettings
+from service.errors import MAX_ECHO_CHARS, ApiError, safe_text
+
+MAX_INT_DIGITS = 18
+"""Longer JSON integers are out of range for every field (k, width); they parse to :data:`HUGE_INT`."""
+HUGE_INT = 10 ** 19
+
+_CONSTANTS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _bounded_int(text: str) -> int:
+    # Python refuses int() of more than 4300 digits with a ValueError, and a
+    # long one costs quadratic time; no field accepts more than 18 digits.
+    digits = text.lstrip("-")
+    if len(digits) > MAX_INT_DIGITS:
+        return -HUGE_INT if text.startswith("-") else HUGE_INT
+    return int(text)
+
+
+def validation_error(err: ValidationError) -> ApiError:
+    """The one :class:`ApiError` of a pydantic validation failure (its first error decides the code)."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
+    kind = first.get("type", "")
+    shown = repr(safe_text(loc, MAX_ECHO_CHARS)) if loc else "?"
+    if kind == "extra_forbidden":
+        return ApiError("unknown_field", f"unknown field {shown}", loc)
+    if kind == "missing":
+        return ApiError("missing_field", f"field {shown} is required", loc)
+    for prefix, code in (("mode", "unknown_mode"), ("fusion", "unknown_fusion"), ("filter", "invalid_filter"),
+                         ("tier", "unknown_tier"), ("policy", "unknown_policy")):
+        if loc and loc.startswith(prefix):
+            return ApiError(code, f"field {shown}: {first.get('msg', 'invalid value')}", prefix)
+    if loc and loc.startswith("width"):
+        return ApiError("unknown_width", "width must be 'auto', 'full' or an integer number of coordinates", "width")
+    if loc and loc.startswith("recall_target"):
+        return ApiError("recall_target_out_of_range", "recall_target must be a number in (0, 1]", "recall_target")
+    return ApiError("invalid_type", f"field {shown}: {first.get('msg', 'invalid value')}", loc)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read in chunks and refused as soon as it passes ``limit`` bytes.
+
+    Raises:
+        ApiError: ``body_too_large`` (a declared or actual length above ``limit``).
+    """
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def check_media_type(request: Request) -> None:
+    """Raise ``unsupported_media_type`` (415) unless the body is declared as JSON (or not declared)."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype not in ("application/json", ""):
+        raise ApiError("unsupported_media_type", "send the body as application/json")
+
+
+def parse_json(raw: bytes, limit: int):
+    """Decode a body strictly as UTF-8 JSON.
+
+    ``NaN`` and ``±Infinity`` (not JSON, but sent by many clients) parse to floats so that the field they sit
+    in answers its own 422 code; integers longer than 18 digits parse to an out-of-range value.
+
+    Raises:
+        ApiError: ``body_too_large``, ``invalid_utf8``, ``invalid_json``, ``invalid_unicode`` (a lone
+            surrogate in an object key).
+    """
+    if len(raw) > limit:
+        raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError("invalid_utf8", "request body is not valid UTF-8") from None
+    try:
+        obj = json.loads(text, parse_int=_bounded_int, parse_constant=_CONSTANTS.__getitem__)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        raise ApiError("invalid_json", "request body is not valid JSON") from None
+    _check_keys(obj)
+    return obj
+
+
+def _check_keys(obj, depth: int = 0) -> None:
+    if isinstance(obj, dict):
+        if any(has_lone_surrogate(key) for key in obj):
+            raise ApiError("invalid_unicode", "a field name contains a lone UTF-16 surrogate")
+        if depth < 2:
+            for v in obj.values():
+                _check_keys(v, depth + 1)
+    elif isinstance(obj, list) and depth < 2:
+        for v in obj:
+            _check_keys(v, depth + 1)
+
+
+def validate(model: type[BaseModel], obj) -> BaseModel:
+    """``model.model_validate(obj)`` with the one error mapping (:func:`validation_error`).
+
+    Raises:
+        ApiError: ``invalid_type`` (not an object), ``unknown_field``, ``missing_field``, ``unknown_*``.
+    """
+    if not isinstance(obj, dict):
+        raise ApiError("invalid_type", "request body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def plan_defaults(settings: GatewaySettings) -> PlanDefaults:
+    """The gateway settings the plan reads (defaults and limits)."""
+    return PlanDefaults(k_default=settings.k_default, k_max=settings.k_max, max_query_chars=settings.max_query_chars,
+                        default_policy=settings.default_policy, default_recall_target=settings.default_recall_target,
+                        default_rho=settings.default_rho,
+                        action_pair=tuple(settings.action_pair) if settings.action_pair else None,
+                        hybrid_fusion=settings.hybrid_fusion, hybrid_alpha=settings.hybrid_alpha,
+                        hybrid_depth=settings.hybrid_depth, default_tier=settings.default_tier,
+                        tenant_field=settings.tenant_field, acl_field=settings.acl_field)
+
+
+query_log = logging.getLogger("service.queries")
+
+
+def log_query_sample(settings: GatewaySettings, query: str, width: int, draw=random.random) -> bool:
+    """Log a served query's text for a sampled fraction of requests, truncated; returns whether it did.
+
+    Off by default (``query_log_sample_rate=0``).  The text is cut at
+    ``query_log_max_chars`` and written with ``repr`` so control characters
+    cannot forge log lines.
+    """
+    rate = settings.query_log_sample_rate
+    if rate <= 0.0 or draw() >= rate:
+        return False
+    query_log.info("query sample (%d chars, width %d): %s", len(query), width,
+                   repr(safe_text(query, settings.query_log_max_chars)))
+    return True

@@ -1,0 +1,180 @@
+"""What one gateway process holds (settings, encoder, rerankers, index versions, metrics) and how it runs a
+search: resolve the :class:`engine.plan.Plan`, run :class:`engine.pipeline.Pipeline` under the limiter, count it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from adawidth.hybrid import Principal
+from engine.encoder import OnnxEncoder
+from engine.index import IndexVersion
+from engine.pipeline import Pipeline, Result, capabilities
+from engine.plan import Plan, PlanError, SearchSpec, resolve_plan
+from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
+from engine.stage1 import Stage1Unavailable
+from service.config import GatewaySettings
+from service.errors import ApiError
+from service.follower import start_replica
+from service.limits import SearchLimiter, check_deadline
+from service.metrics import CutoverMetrics, GatewayMetrics
+from service.online_cus import OnlineCusMonitor
+from service.parsing import log_query_sample, plan_defaults
+from service.version_manager import VersionManager, VersionRefused
+
+log = logging.getLogger("service")
+
+
+class GatewayState:
+    """What the process holds: settings, encoder, the versions (live and warm) with the registry follower, metrics."""
+
+    def __init__(self, settings: GatewaySettings, registry: CollectorRegistry):
+        self.settings = settings
+        self.metrics = GatewayMetrics(registry)
+        self.online_cus = OnlineCusMonitor(registry, settings.online_cus_sample_rate, settings.online_cus_queue_size)
+        self.cutover_metrics = CutoverMetrics(self.metrics)
+        self.encoder = None
+        self.maxsim = None  # engine.scorers.MaxSimScorer once the encoder is loaded
+        self.cross_encoder = None  # engine.scorers.CrossEncoderScorer when an export is present
+        self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
+                                       settings.canary_queries)
+        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
+        self.registry = None  # engine.registry.Registry, None when a version is pinned
+        self.follower = None  # service.follower.RegistryFollower
+        self.load_error: str | None = None
+        self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
+                                     settings.retry_after_s)
+        self.metrics.search_running.set_function(lambda: self.limiter.running)
+        self.metrics.search_queued.set_function(lambda: self.limiter.queued)
+        self._reload_lock = threading.Lock()
+        self.defaults = plan_defaults(settings)
+
+    @property
+    def live(self) -> IndexVersion | None:
+        """The live version now (requests take theirs with ``self.versions.acquire()``)."""
+        return self.versions.live
+
+    def load(self) -> None:
+        """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
+        failures leave the replica unready."""
+        s = self.settings
+        try:
+            self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
+        except FileNotFoundError as e:
+            self.load_error = str(e)
+            log.error("gateway not ready: %s", e)
+            return
+        self.versions.encoder = self.encoder
+        self.maxsim = MaxSimScorer(self.encoder, s.maxsim_cache_documents)
+        try:
+            self.cross_encoder = CrossEncoderScorer(s.cross_encoder_dir, threads=s.encoder_threads,
+                                                    prefer_gpu=s.prefer_gpu, spin=False)
+            log.info("cross-encoder tier: %s (%s)", s.cross_encoder_dir, self.cross_encoder.sha256[:12])
+        except CrossEncoderNotFoundError as e:
+            self.cross_encoder = None
+            log.info("cross-encoder tier unavailable: %s", e)
+        self.versions.on_live = lambda v: self.online_cus.observe_version(v, s.default_rho)
+        self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
+        if self.live is None:
+            log.error("gateway not ready: %s", self.load_error)
+            return
+        log.info("serving %s/%s (%d documents, providers %s, registry %s)", self.live.collection, self.live.version,
+                 self.live.size, self.encoder.providers, self.registry.kind if self.registry else "pinned")
+
+    def reload(self) -> tuple[str | None, str | None]:
+        """Reconcile with the registry now (``POST /admin/reload``): load, verify, warm and switch to the
+        version the registry names live, instead of waiting for the next poll or notification.
+
+        Returns:
+            (live version before, live version after); equal when nothing changed, and both the
+            pinned version when this replica serves ``settings.version`` without a registry.
+
+        Raises:
+            engine.registry.RegistryError: the registry is unreachable.
+            service.version_manager.VersionRefused: the registry's live version failed a check here
+                (the current version stays live).
+        """
+        with self._reload_lock:
+            previous = self.live.version if self.live is not None else None
+            if self.follower is not None:
+                self.follower.reconcile()
+                target = self.follower.registry.get(self.settings.collection).live
+                if target is not None and target in self.versions.refused:
+                    raise VersionRefused(self.versions.refused[target],
+                                         f"the registry's live version {target} was refused by this replica")
+            return previous, self.live.version if self.live is not None else None
+
+    def close(self) -> None:
+        """Stop following the registry, the limiter and the online-CUS worker."""
+        self.limiter.close()
+        self.online_cus.close()
+        if self.follower is not None:
+            self.follower.stop()
+        if self.registry is not None:
+            self.registry.close()
+
+    # -- search -----------------------------------------------------------------------------------
+    def rerankers(self) -> dict:
+        """The DART rerankers this replica has loaded, by tier name."""
+        out = {}
+        if self.maxsim is not None:
+            out["maxsim"] = self.maxsim
+        if self.cross_encoder is not None:
+            out["cross_encoder"] = self.cross_encoder
+        return out
+
+    def plan(self, spec: SearchSpec, version: IndexVersion, principal: Principal | None = None) -> Plan:
+        """Resolve one request against ``version`` (every value check happens here, once).
+
+        Raises:
+            ApiError: the plan's code (:data:`engine.plan.PLAN_CODES`).
+        """
+        try:
+            return resolve_plan(spec, self.defaults, capabilities(version, self.rerankers()), principal)
+        except PlanError as e:
+            raise ApiError(e.code, e.message, e.field) from None
+
+    async def run(self, plan: Plan, version: IndexVersion, deadline: float) -> Result:
+        """Run a plan on a worker (bounded concurrency, deadline), then count it in the metrics.
+
+        Raises:
+            ApiError: ``overloaded``, ``deadline_exceeded``, ``stage1_unavailable``.
+        """
+        pipeline = Pipeline(self.encoder, self.rerankers())
+        try:
+            result = await self.limiter.run(
+                lambda dl: pipeline.run([plan], version, check=lambda: check_deadline(dl))[0], deadline)
+        except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
+            log.error("stage 1 unavailable for %s: %s", version.version, e)
+            raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
+                           headers={"Retry-After": str(self.settings.retry_after_s)}) from e
+        self.observe(plan, version, result)
+        return result
+
+    def observe(self, plan: Plan, version: IndexVersion, result: Result) -> None:
+        """Metrics, the online-CUS sample and the query-log sample of one served search."""
+        m, t = self.metrics, result.trace
+        for stage, seconds in t["timings_seconds"].items():
+            m.stage_latency.labels(stage).observe(seconds)
+        if plan.dense:
+            m.width.labels(t["policy"]).observe(t["width"])
+        m.coordinates.observe(t["coordinates_scored"])
+        m.tiers.labels(t["tier"]).inc()
+        m.work_by_stage.labels("stage1").observe(t["stage1_work"])
+        m.work_by_stage.labels("rescoring").observe(t["rescoring_work"])
+        if plan.policy in ("exact", "recall"):
+            m.observe_levels(t, version.size * version.dimension)
+        # the escalation-drift alert compares this ratio with the version's default rho: count only queries the
+        # width router decided at that rho (not a client's own rho)
+        if plan.policy == "router" and "rho" in plan.defaulted:
+            m.routed.inc()
+            if t["escalated"]:
+                m.escalations.inc()
+        if plan.mode == "dense" and not plan.restricted and t["tier"] == "mips" and result.embedding is not None:
+            # O(1); compared off the request path
+            width = {"exact": "full", "fixed": plan.width}.get(plan.policy, "auto")
+            self.online_cus.offer(version, result.embedding, result.ids, width)
+        log_query_sample(self.settings, plan.query, t["width"])

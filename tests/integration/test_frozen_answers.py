@@ -1,0 +1,76 @@
+"""Behaviour unchanged by the query-path refactor (issue 16): every SciFact test query's HTTP answer per policy
+equals the answer recorded before it (``tests/data/frozen_answers/pca_scifact.json.gz``, made by ``record.py``
+there at commit 598f6d9), ids identical and scores within 1e-6.
+
+The recording used the API of that commit; each request is mapped onto today's fields (the width router is now
+named: ``{"width": "auto", "rho": r}`` became ``{"width": "auto", "policy": "router", "rho": r}``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, SCIFACT, VAR, serve_home
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+
+pytestmark = pytest.mark.integration
+
+FROZEN = ROOT / "tests" / "data" / "frozen_answers" / "pca_scifact.json.gz"
+
+
+def today_request(fields: dict) -> dict:
+    """The pre-refactor request fields (beside query and k) in today's API."""
+    body = {k: v for k, v in fields.items() if k != "phrase"}
+    if body.get("width") == "auto" and "rho" in body:
+        body["policy"] = "router"
+    return body
+
+
+@pytest.fixture(scope="module")
+def frozen():
+    with gzip.open(FROZEN, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def pca_gateway(tmp_path_factory, encoder_dir, encoder):
+    """The recording's build (``trainer build --rotation pca`` with default options), served over HTTP."""
+    home = tmp_path_factory.mktemp("frozen-home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    build_index(BuildOptions(dataset=SCIFACT, rotation="pca"), settings, encoder)
+    (home / "models").mkdir(exist_ok=True)
+    os.symlink(encoder_dir, home / "models" / "minilm-onnx")
+    with serve_home(home, "scifact") as url:
+        yield url
+
+
+POLICIES = ("full", "width_64", "width_128", "router_rho_0.1", "router_rho_0.2", "router_rho_0.3", "lexical",
+            "hybrid", "phrase_filter_128")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_answers_equal_the_frozen_ones(frozen, pca_gateway, policy):
+    recorded = frozen["policies"][policy]
+    body = today_request(recorded["request"])
+    assert len(recorded["answers"]) == 300
+    mismatched, worst = [], 0.0
+    with httpx.Client(timeout=30) as client:
+        for qid, want in recorded["answers"].items():
+            r = client.post(f"{pca_gateway}/v1/search", json={"query": want["query"], "k": frozen["k"], **body})
+            assert r.status_code == 200, r.text
+            got = r.json()
+            ids = [h["id"] for h in got["results"]]
+            if ids != want["ids"]:
+                mismatched.append(qid)
+                continue
+            worst = max([worst] + [abs(a["score"] - b) for a, b in zip(got["results"], want["scores"])])
+            assert got["trace"]["width"] == want["width"] and got["trace"]["escalated"] == want["escalated"], qid
+    assert not mismatched, f"{len(mismatched)} queries answer other ids, e.g. {mismatched[:5]}"
+    assert worst <= 1e-6, worst

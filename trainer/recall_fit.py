@@ -1,0 +1,123 @@
+"""Fitting the recall policy (``adawidth.recall_policy``): LightGBM over level-scan evidence, label-free.
+
+For every calibration query (training queries when the collection has them, else pseudo-queries drawn from the
+corpus) the level scan is begun once and finished at every confidence z of the grid; the target of a row
+(evidence, z) is that run's recall@k against the exhaustive top-k (certified by the exact bound), so no
+relevance label is needed.  Predictions for calibration are **out-of-fold** (K-fold over the queries), as for
+the router (§3.2.3 of 001_63bafbdb24f0770e.txt): a bar set on in-sample predictions would under-shoot on new
+queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightgbm as lgb
+import numpy as np
+
+from adawidth import levels, recall_policy
+from trainer.router_fit import LGB_PARAMS, NUM_ROUNDS
+
+
+@dataclass
+class RecallTable:
+    """Every calibration query under every confidence.
+
+    Attributes:
+        features: (Q, F) float64 evidence, columns ``feature_names``.
+        feature_names: F names (:meth:`adawidth.levels.LevelEvidence.features`).
+        recall: (Q, Z) realised recall@k against the exhaustive top-k, in [0, 1] (higher is better).
+        coordinates: (Q, Z) multiply-adds of each run.
+        exact_coordinates: (Q,) multiply-adds of the exact (certified) run.
+        z_grid: (Z,) confidences.
+    """
+
+    features: np.ndarray
+    feature_names: list[str]
+    recall: np.ndarray
+    coordinates: np.ndarray
+    exact_coordinates: np.ndarray
+    z_grid: np.ndarray
+
+
+def recall_table(store: levels.LevelStore, Q_rot: np.ndarray, *, k: int = 10, bound: str = "data_aware",
+                 z_grid=recall_policy.DEFAULT_Z_GRID, threads: int = 1) -> RecallTable:
+    """Run every query at every confidence (and once exactly) through the level scan.
+
+    Args:
+        store: the version's level store.
+        Q_rot: (Q, D) float32 rotated calibration queries.
+        k: results (recall@k).
+        bound: the probabilistic bound of :mod:`adawidth.levels`.
+        z_grid: confidences, increasing.
+    """
+    z = np.asarray(z_grid, dtype=np.float64)
+    Q = Q_rot.shape[0]
+    rec = np.zeros((Q, len(z)))
+    work = np.zeros((Q, len(z)), dtype=np.int64)
+    exact_work = np.zeros(Q, dtype=np.int64)
+    feats, names = [], None
+    for i in range(Q):
+        state = levels.begin(store, Q_rot[i], k, threads=threads)
+        f = state.evidence.features(k)
+        names = names or list(f)
+        feats.append([f[n] for n in names])
+        ex = levels.finish(state, bound="exact")
+        exact_work[i] = ex.coordinates
+        truth = set(ex.rows.tolist())
+        for j, zj in enumerate(z):
+            r = levels.finish(state, bound=bound, z=float(zj))
+            rec[i, j] = len(truth.intersection(r.rows.tolist())) / max(len(truth), 1)
+            work[i, j] = r.coordinates
+    return RecallTable(np.asarray(feats, dtype=np.float64), names or [], rec, work, exact_work, z)
+
+
+def _fit(X: np.ndarray, y: np.ndarray, names: list[str], seed: int) -> lgb.Booster:
+    params = dict(LGB_PARAMS, seed=seed)
+    return lgb.train(params, lgb.Dataset(X, y, feature_name=names, free_raw_data=False), NUM_ROUNDS)
+
+
+def fit_recall_policy(table: RecallTable, *, folds: int = 4, seed: int = 0) -> tuple[lgb.Booster, np.ndarray]:
+    """Fit the model on all calibration queries and return it with out-of-fold predictions.
+
+    Returns:
+        (booster over ``feature_names + ["z"]``, (Q, Z) out-of-fold predicted recall).
+
+    Raises:
+        ValueError: with fewer than ``2 * folds`` calibration queries.
+    """
+    Q, Z = table.recall.shape
+    if Q < 2 * folds:
+        raise ValueError(f"the recall policy needs at least {2 * folds} calibration queries, got {Q}")
+    names = list(table.feature_names) + ["z"]
+    X = recall_policy.design(table.features, table.z_grid)
+    y = table.recall.reshape(-1)
+    fold_of = np.random.default_rng(seed + 7).permutation(Q) % folds
+    oof = np.zeros((Q, Z))
+    for f in range(folds):
+        fit_q, out_q = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
+        rows = (fit_q[:, None] * Z + np.arange(Z)[None, :]).reshape(-1)
+        model = _fit(X[rows], y[rows], names, seed)
+        oof[out_q] = model.predict(recall_policy.design(table.features[out_q], table.z_grid)).reshape(len(out_q), Z)
+    return _fit(X, y, names, seed), oof
+
+
+def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 0.99, 0.999), margin: float = 0.0) -> dict:
+    """Per target: the bar, the realised mean recall and work share of the choices on the calibration queries,
+    and the single fixed z of the grid that meets the target (the static baseline) with its work."""
+    full = table.exact_coordinates.astype(np.float64)
+    out = {}
+    rows = np.arange(len(full))
+    for t in targets:
+        bar = recall_policy.calibrate_bar(oof, table.recall, min(t + margin, 1.0))
+        if np.isfinite(bar):
+            pick = recall_policy.choose(oof, bar)
+            rec, work = table.recall[rows, pick].mean(), table.coordinates[rows, pick].mean()
+        else:
+            rec, work = 1.0, full.mean()
+        fixed = next((j for j in range(len(table.z_grid)) if table.recall[:, j].mean() >= t), None)
+        out[str(t)] = {"bar": bar if np.isfinite(bar) else None, "recall": float(rec), "mean_coordinates": float(work),
+                       "fixed_z": None if fixed is None else float(table.z_grid[fixed]),
+                       "fixed_mean_coordinates": None if fixed is None else float(table.coordinates[:, fixed].mean())}
+    out["exact_mean_coordinates"] = float(full.mean())
+    return out
