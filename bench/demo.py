@@ -35,12 +35,14 @@ from engine.version.manifest import read_manifest
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound, then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def start_gateway(home: Path, collection: str, port: int, log_path: Path) -> subprocess.Popen:
+    """Start ``python -m service`` on ``home``'s collection at ``port``, logging to ``log_path``; returns the process."""
     env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_COLLECTION=collection, ADAWIDTH_PORT=str(port))
     log = open(log_path, "w")
     return subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -48,6 +50,7 @@ def start_gateway(home: Path, collection: str, port: int, log_path: Path) -> sub
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> dict:
+    """Poll ``/readyz`` until 200 and return its body; raises when the process exits or after ``timeout_s`` seconds."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -36,6 +36,7 @@ class EncoderInfo:
     tokenizer_sha256: str
 
     def as_manifest(self) -> dict:
+        """The manifest's ``encoder`` section: every field of ``encoder.json`` this dataclass holds."""
         return dict(self.__dict__)
 
 
@@ -97,6 +98,7 @@ class OnnxEncoder:
 
     @property
     def dimension(self) -> int:
+        """Encoder width D (384 for all-MiniLM-L6-v2)."""
         return self.info.dimension
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:

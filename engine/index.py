@@ -41,6 +41,7 @@ class Router:
     _thresholds: dict = field(default_factory=dict)
 
     def predict(self, features: np.ndarray) -> float:
+        """Predicted NDCG@10 gain of escalating, for one (18,) float64 feature row (thread-safe)."""
         with self.lock:
             return float(self.booster.predict(features[None, :])[0])
 
@@ -65,6 +66,7 @@ class FunnelPolicy:
         self.work = np.array([c.work(self.corpus.N) for c in self.grid], dtype=np.float64)  # per query, reused
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
+        """Predicted agreement of each (K, 26) design row, (K,) float64 (thread-safe)."""
         with self.lock:
             return self.booster.predict(rows)
 
@@ -124,6 +126,7 @@ class IndexVersion:
 
     @property
     def size(self) -> int:
+        """Documents N of the version."""
         return len(self.doc_ids)
 
     @classmethod

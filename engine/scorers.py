@@ -84,6 +84,7 @@ class CrossEncoderScorer:
 
     @property
     def sha256(self) -> str:
+        """Hex sha256 of the exported ``model.onnx`` (from ``cross_encoder.json``)."""
         return self.meta["onnx_sha256"]
 
     def score(self, query: str, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:

@@ -104,6 +104,7 @@ class FaissStage1:
         self.rescore_width = int(docs.shape[1])
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist`; a faiss ID selector restricts the scan to ``allowed``."""
         qp = np.asarray(query_prefix, np.float32)[None, :]
         if allowed is None:
             cos, rows = self.index.search(qp, int(size))
@@ -115,6 +116,7 @@ class FaissStage1:
         return Shortlist(rows[0][keep].astype(np.int64), cos[0][keep], self.docs, self.doc_sqnorm_m0)
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Stage1Backend.full`: an exact numpy scan at D over the memory-mapped documents."""
         scores = np.asarray(self.docs @ query, dtype=np.float64)
         if allowed is not None:
             scores[~allowed] = -np.inf
@@ -123,6 +125,7 @@ class FaissStage1:
         return rows, scores[rows]
 
     def close(self) -> None:
+        """Nothing to release (the index belongs to the version)."""
         pass
 
 
@@ -146,6 +149,7 @@ class ExactStage1:
         self.rescore_width = int(docs.shape[1])
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist` (one matrix-vector product, :func:`adawidth.prefix.top_k`)."""
         scores = self.prefixes @ np.asarray(query_prefix, np.float32)
         if allowed is not None:
             scores = np.where(allowed, scores, -np.inf).astype(np.float32)
@@ -154,9 +158,11 @@ class ExactStage1:
         return Shortlist(rows, scores[rows].astype(np.float32), self.docs, self.doc_sqnorm_m0)
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Stage1Backend.full`; the same scan as :meth:`FaissStage1.full`."""
         return FaissStage1.full(self, query, k, allowed)
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
 
 
@@ -259,6 +265,7 @@ class MilvusStage1:
                                                        f"{type(e).__name__}: {str(e)[:200]}") from e
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist`: one Milvus search returning the rescoring vectors; best first, ties by row."""
         hits = self._search(query_prefix, STAGE1_FIELD, min(size, self.size), [RESCORE_FIELD, SQNORM_FIELD],
                             self._filter(allowed))[0]
         C = len(hits)
@@ -347,6 +354,7 @@ class Stage1Provider:
         return MilvusStage1.attach(self.client, manifest, self.milvus_prefix, self.milvus_timeout_s)
 
     def close(self) -> None:
+        """Close the Milvus client (the next use reconnects)."""
         if self._client is not None:
             self._client.close()
             self._client = None

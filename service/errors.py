@@ -108,8 +108,10 @@ class ApiError(Exception):
 
     @property
     def status(self) -> int:
+        """The HTTP status of :attr:`code` (:data:`STATUS_OF_CODE`)."""
         return STATUS_OF_CODE[self.code]
 
     def body(self) -> dict:
+        """The JSON error body, message and field made safe (:func:`safe_text`)."""
         field = None if self.field is None else safe_text(self.field, MAX_ECHO_CHARS)
         return {"error": {"code": self.code, "message": safe_text(self.message), "field": field}}

@@ -82,12 +82,14 @@ class RegistryFollower:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the follower thread, waiting up to ``timeout_s`` seconds for it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     @property
     def degraded(self) -> bool:
+        """True while the registry is unreachable (the replica keeps serving its live version)."""
         return self.registry_error is not None
 
     def _up(self) -> None:

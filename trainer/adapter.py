@@ -45,6 +45,7 @@ class AdapterConfig:
     history: list = field(default_factory=list)
 
     def as_manifest(self) -> dict:
+        """The configuration as the manifest records it (``adapter.training.config``), without the loss history."""
         d = asdict(self)
         d.pop("history")
         d["widths"] = list(self.widths)

@@ -225,10 +225,12 @@ class BuildContext:
 
     @property
     def has_train(self) -> bool:
+        """True when there are labelled training queries."""
         return self.train is not None and bool(self.train.ids)
 
     @property
     def has_test(self) -> bool:
+        """True when there are labelled evaluation queries."""
         return self.test is not None and bool(self.test.ids)
 
 

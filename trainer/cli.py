@@ -46,6 +46,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer``: parse the command line and run one command; returns the exit status (2: bad input)."""
     parser = argparse.ArgumentParser(prog="trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, help="working folder (env ADAWIDTH_HOME, default var)")

@@ -58,14 +58,17 @@ class Funnel:
 
     @classmethod
     def build(cls, X_rot: np.ndarray, doc_ids: list[str], m0: int, shortlist: int) -> "Funnel":
+        """Hold rotated documents X_rot (N, D) with their m0 partial norms (float32 rows, C-contiguous)."""
         X_rot = np.ascontiguousarray(X_rot, dtype=np.float32)
         return cls(X_rot, np.einsum("ij,ij->i", X_rot[:, :m0], X_rot[:, :m0]), doc_ids, m0, shortlist)
 
     def stage1(self, q_rot: np.ndarray, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact stage 1 of rotated queries (Q, D): (rows (Q, C) int64, prefix cosines (Q, C) float32), C = ``size`` or the shortlist."""
         return exact_stage1_batch(q_rot, prefix_normalize(self.docs, self.m0), self.m0, size or self.shortlist)
 
     def rankings(self, q_rot: np.ndarray, stage1: tuple[np.ndarray, np.ndarray], widths: list[int],
                  k: int = 100) -> list[list[str]]:
+        """Top-``k`` ids of each query, its shortlist rescored at ``widths[i]`` by :func:`adawidth.funnel.resolve`."""
         rows, scores = stage1
         out = []
         for i, w in enumerate(widths):

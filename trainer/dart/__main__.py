@@ -31,6 +31,7 @@ from trainer.dart.finetune import (OBJECTIVES, FinetuneConfig, TrainData, add_se
 
 
 def main(argv=None) -> int:
+    """``python -m trainer.dart``: fine-tune, export and optionally build; returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m trainer.dart", description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", type=Path, required=True, help="BEIR folder with train (and test) qrels")
     ap.add_argument("--objective", choices=OBJECTIVES, default="at_dw_infonce")

@@ -130,6 +130,7 @@ class FrozenStates:
         return len(self.offsets) - 1
 
     def lengths(self) -> np.ndarray:
+        """(n,) int64 tokens of each text (offsets' differences)."""
         return np.diff(self.offsets)
 
     def batch(self, idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,6 +186,7 @@ class FrozenStates:
 
     @staticmethod
     def load(path: Path) -> "FrozenStates":
+        """Read states written by :meth:`save`."""
         z = np.load(path)
         return FrozenStates(z["states"], z["offsets"])
 
