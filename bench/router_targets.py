@@ -34,7 +34,7 @@ import numpy as np
 
 from adawidth.funnel import exact_stage1_batch, resolve
 from adawidth.metrics import ranking_metric
-from adawidth.prefix import prefix_normalize
+from adawidth.prefix import prefix_normalize, top_k
 from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from bench.common import ROOT
 from bench.funnels import add_run_arguments, learned_rotation, load_embedded
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                 rate = float(esc.mean())
                 k = int(round(rate * len(gain_te)))
                 oracle = nd_te[:, 0].copy()
-                top = np.argsort(-gain_te, kind="stable")[:k]
+                top = top_k(gain_te, k)
                 oracle[top] = nd_te[top, 1]
                 rows.append({"target": name, "rho": rho, "realised_rate": rate, "ndcg@10": float(per_q.mean()),
                              "ndcg@10_unseen": float(per_q[unseen].mean()),

@@ -15,6 +15,10 @@ Steps (each logged with its duration):
 7. the version is written atomically (manifest last) and, with ``publish``,
    registered in the version registry as a candidate (the collection's first
    version, or any with ``promote``, is promoted at once).
+
+:func:`build_index` runs the steps as functions over one :class:`BuildContext`; every file is written by the
+format's writers (:mod:`engine.version.files`, :mod:`engine.version.lexical`) and the manifest is the typed
+:class:`engine.version.manifest.Manifest` assembled from their sections.
 """
 
 from __future__ import annotations
