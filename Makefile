@@ -58,7 +58,7 @@ $(HOME_DIR)/indexes/$(COLLECTION)/LIVE: | embeddings
 index: $(HOME_DIR)/indexes/$(COLLECTION)/LIVE
 
 demo: index
-	$(BIN)/python bench/demo.py --home $(HOME_DIR) --collection $(COLLECTION) --dataset $(DATASET)
+	$(BIN)/python -m bench.demo --home $(HOME_DIR) --collection $(COLLECTION) --dataset $(DATASET)
 
 # The full table: the adapter rotation (adapter training and 4 cross-fitted adapters for the router).
 demo-full:

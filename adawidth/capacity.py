@@ -55,8 +55,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from adawidth.metrics import ndcg_at_k, recall_at_k
-from adawidth.prefix import EPS, prefix_normalize
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import EPS, prefix_normalize, top_k
 
 VACUOUS_MAX_DELTA = 0.1
 MODERATE_MIN_DELTA = 1.0
@@ -172,14 +172,7 @@ def prefix_topk(queries: np.ndarray, docs: np.ndarray, m: int, k: int) -> tuple[
         ValueError: if m is out of range.
     """
     S = prefix_normalize(queries, m) @ prefix_normalize(docs, m).T
-    k = min(int(k), S.shape[1])
-    if k < S.shape[1]:
-        part = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    else:
-        part = np.broadcast_to(np.arange(S.shape[1]), S.shape).copy()
-    vals = np.take_along_axis(S, part, axis=1)
-    order = np.lexsort((part, -vals), axis=-1)
-    rows = np.take_along_axis(part, order, axis=1).astype(np.int64)
+    rows = top_k(S, k)
     return rows, np.take_along_axis(S, rows, axis=1)
 
 
@@ -473,9 +466,9 @@ def capacity_report(queries: np.ndarray, docs: np.ndarray, judgments: Sequence[M
         rows, scores = prefix_topk(queries, docs, w, k_cut)
         ranked = [[doc_ids[j] for j in r] for r in rows]
         top1[w] = rows[:, 0]
-        rec100[w] = np.array([recall_at_k(r, j, 100) for r, j in zip(ranked, judgments)])
-        ndcg10[w] = np.array([ndcg_at_k(r, j, 10) for r, j in zip(ranked, judgments)])
-        rec1[w] = np.array([recall_at_k(r, j, 1) for r, j in zip(ranked, judgments)])
+        rec100[w] = ranking_metric(ranked, judgments, "recall", 100)
+        ndcg10[w] = ranking_metric(ranked, judgments, "ndcg", 10)
+        rec1[w] = ranking_metric(ranked, judgments, "recall", 1)
         if w == D:
             full_scores = scores
     below = [w for w in widths if w < D]
@@ -507,8 +500,7 @@ def capacity_report(queries: np.ndarray, docs: np.ndarray, judgments: Sequence[M
     if r_star not in top1:
         rows, _ = prefix_topk(queries, docs, r_star, 1)
         top1_r = rows[:, 0]
-        ranked_r = [[doc_ids[j]] for j in top1_r]
-        rec1_r = np.array([recall_at_k(r, j, 1) for r, j in zip(ranked_r, judgments)])
+        rec1_r = ranking_metric(top1_r[:, None], judgments, "recall", 1, doc_ids)
     else:
         top1_r, rec1_r = top1[r_star], rec1[r_star]
     agree_r = top1_r == top1[D]

@@ -38,9 +38,14 @@ def normalize_text(text: str) -> str:
     return _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
+def tokens(normalized: str) -> list[str]:
+    """The ``\\w+`` runs of an already normalised text (:func:`normalize_text`), in order, repeats kept."""
+    return _TOKEN.findall(normalized)
+
+
 def analyze(text: str) -> list[str]:
     """BM25 tokens of ``text``: ``\\w+`` runs of :func:`normalize_text` (no stemming, no stop words)."""
-    return _TOKEN.findall(normalize_text(text))
+    return tokens(normalize_text(text))
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,42 @@ def recall_at_k(ranked: Sequence[str], judgments: Mapping[str, int], k: int = 10
     return len(relevant.intersection(list(ranked)[:k])) / len(relevant)
 
 
+_METRICS = {"ndcg": ndcg_at_k, "recall": recall_at_k}
+
+
+def ranking_metric(rankings: Sequence[Sequence], judgments: Sequence[Mapping[str, int]], metric: str = "ndcg",
+                   k: int = 10, doc_ids: Sequence[str] | None = None) -> np.ndarray:
+    """The one "ranking -> metric" step: each query's ranking scored against its judgments.
+
+    Rankings of index rows become document ids through ``doc_ids`` (rows -> ids -> metric); take ``.mean()``
+    (or a subset's mean) of the result for the average.
+
+    Args:
+        rankings: Q rankings, best first: document ids, or int index rows when ``doc_ids`` is given
+            (a (Q, k') int array works too).
+        judgments: Q mappings document id -> relevance label, in the order of ``rankings``.
+        metric: ``"ndcg"`` (:func:`ndcg_at_k`) or ``"recall"`` (:func:`recall_at_k`).
+        k: cutoff, >= 1.
+        doc_ids: N ids of the index rows, or None when the rankings hold ids.
+
+    Returns:
+        (Q,) float64 in [0, 1], higher is better (0 for a query without relevant documents).
+
+    Raises:
+        ValueError: for an unknown metric, ``k < 1`` or rankings and judgments of different lengths.
+    """
+    fn = _METRICS.get(metric)
+    if fn is None:
+        raise ValueError(f"unknown metric {metric!r}; expected 'ndcg' or 'recall'")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if len(rankings) != len(judgments):
+        raise ValueError(f"{len(rankings)} rankings but {len(judgments)} judgment sets")
+    if doc_ids is not None:
+        rankings = [[doc_ids[int(r)] for r in ranked] for ranked in rankings]
+    return np.array([fn(ranked, judg, k) for ranked, judg in zip(rankings, judgments)], dtype=np.float64)
+
+
 def per_query(run: Run, qrels: Qrels, metric: str, k: int) -> dict[str, float]:
     """Evaluate ``metric`` ("ndcg" or "recall") at cutoff ``k`` for every judged query.
 
@@ -84,7 +120,7 @@ def per_query(run: Run, qrels: Qrels, metric: str, k: int) -> dict[str, float]:
     Raises:
         ValueError: for an unknown metric name.
     """
-    fn = {"ndcg": ndcg_at_k, "recall": recall_at_k}.get(metric)
+    fn = _METRICS.get(metric)
     if fn is None:
         raise ValueError(f"unknown metric {metric!r}; expected 'ndcg' or 'recall'")
     out: dict[str, float] = {}

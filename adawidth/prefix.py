@@ -121,25 +121,51 @@ def partial_scores_from_cosines(candidates: np.ndarray, cosines: np.ndarray, que
                          doc_sqnorm=ds, query_sqnorm=qs, width=m0)
 
 
+def _top_k_row(scores: np.ndarray, k: int) -> np.ndarray:
+    """:func:`top_k` of one row, exact at the cutoff: every score above the k-th largest value, then the
+    lowest positions among those equal to it."""
+    kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
+    above = np.flatnonzero(scores > kth)
+    part = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])
+    return part[np.lexsort((part, -scores[part]))].astype(np.int64)
+
+
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` largest scores, best first (ties broken by position).
+    """Positions of the ``k`` largest scores, best first, of a vector or of each row of a matrix.
+
+    The one exact top-k of the project (stage 1 of the exact backends, offline evaluation, mining, benchmarks).
+    Tie-breaking is by position, the lower first, *including at the cutoff*: among equal scores competing for
+    the last places, the lowest positions are kept (faiss's flat scan keeps the lower row on equal scores too,
+    so an exact numpy stage 1 and ``IndexFlatIP`` agree).
 
     Args:
-        scores: shape (C,).
+        scores: (C,) or (Q, C), real; higher is better; no NaN.
         k: >= 0; values above C return all C positions.
 
     Returns:
-        shape (min(k, C),), int64.
+        (min(k, C),) or (Q, min(k, C)) int64 positions into the last axis, best first.
+
+    Raises:
+        ValueError: if ``scores`` has more than two dimensions.
     """
-    k = min(int(k), scores.shape[0])
-    if k <= 0:
-        return np.empty(0, dtype=np.int64)
-    if k < scores.shape[0]:
-        part = np.argpartition(-scores, k - 1)[:k]
-    else:
-        part = np.arange(scores.shape[0])
-    order = np.lexsort((part, -scores[part]))
-    return part[order].astype(np.int64)
+    scores = np.asarray(scores)
+    if scores.ndim not in (1, 2):
+        raise ValueError(f"top_k takes a vector or a matrix, got shape {scores.shape}")
+    C = scores.shape[-1]
+    k = max(min(int(k), C), 0)
+    if scores.ndim == 1:
+        return np.empty(0, dtype=np.int64) if k == 0 else _top_k_row(scores, k)
+    Q = scores.shape[0]
+    if k == 0 or Q == 0:
+        return np.empty((Q, k), dtype=np.int64)
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < C else np.broadcast_to(np.arange(C), (Q, C))
+    vals = np.take_along_axis(scores, part, axis=1)
+    out = np.take_along_axis(part, np.lexsort((part, -vals), axis=-1), axis=1).astype(np.int64)
+    if k < C:  # rows where equal scores straddle the cutoff: argpartition kept arbitrary ones; redo them exactly
+        kth = vals.min(axis=1, keepdims=True)
+        for i in np.flatnonzero((scores >= kth).sum(axis=1) > k):
+            out[i] = _top_k_row(scores[i], k)
+    return out
 
 
 def exact_prefix_search(queries: np.ndarray, docs: np.ndarray, m: int, k: int) -> np.ndarray:
@@ -154,5 +180,4 @@ def exact_prefix_search(queries: np.ndarray, docs: np.ndarray, m: int, k: int) -
     Returns:
         shape (Q, min(k, N)), int64 row numbers, best first.
     """
-    S = prefix_normalize(queries, m) @ prefix_normalize(docs, m).T
-    return np.stack([top_k(row, k) for row in S]) if S.shape[0] else np.empty((0, min(k, docs.shape[0])), np.int64)
+    return top_k(prefix_normalize(queries, m) @ prefix_normalize(docs, m).T, k)

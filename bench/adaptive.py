@@ -22,8 +22,8 @@ judged queries, with a label-free rotation (identity or PCA).
 
 Usage::
 
-    .venv/bin/python bench/adaptive.py --dataset data/scifact --rotation pca
-    .venv/bin/python bench/adaptive.py --dataset ../shared/data/cranfield --rotation pca --folds 5
+    .venv/bin/python -m bench.adaptive --dataset data/scifact --rotation pca
+    .venv/bin/python -m bench.adaptive --dataset ../shared/data/cranfield --rotation pca --folds 5
 
 Writes ``bench/results/adaptive/<collection>_<rotation>.{json,md,png}``.
 """
@@ -36,32 +36,29 @@ import sys
 import time
 from pathlib import Path
 
+import lightgbm as lgb
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from adawidth import stage1_policy as sp  # noqa: E402
-from adawidth.metrics import ndcg_at_k  # noqa: E402
-from adawidth.prefix import exact_prefix_search  # noqa: E402
-from funnels import bootstrap_ci, learned_rotation, load_embedded, pareto_indices  # noqa: E402
+from adawidth import stage1_policy as sp
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import exact_prefix_search
+from bench.common import ROOT
+from bench.funnels import add_run_arguments, bootstrap_ci, learned_rotation, load_embedded, pareto_indices
+from engine.io import atomic
+from trainer.stage1_policy_fit import LGB_PARAMS, NUM_ROUNDS
 
 TAUS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 LAMBDAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 def ndcg_matrix(rankings: np.ndarray, judgments: list[dict], doc_ids: list[str]) -> np.ndarray:
-    return np.array([[ndcg_at_k([doc_ids[r] for r in rankings[i, j]], judgments[i], 10)
-                      for j in range(rankings.shape[1])] for i in range(rankings.shape[0])])
+    """(Q, K) NDCG@10 of (Q, K, k) rankings of index rows, one column per configuration."""
+    return np.stack([ranking_metric(rankings[:, j], judgments, "ndcg", 10, doc_ids)
+                     for j in range(rankings.shape[1])], axis=1).reshape(rankings.shape[:2])
 
 
 def fit(feats: np.ndarray, target: np.ndarray, grid, N: int, full_work: float, seed: int):
     """The served policy's LightGBM model (trainer.stage1_policy_fit) on any per-configuration target."""
-    import lightgbm as lgb
-
-    from trainer.stage1_policy_fit import LGB_PARAMS, NUM_ROUNDS
-
     names = list(sp.EVIDENCE_NAMES + sp.CONFIG_NAMES)
     return lgb.train(dict(LGB_PARAMS, seed=seed),
                      lgb.Dataset(sp.design(feats, grid, N, full_work), target.ravel(), feature_name=names),
@@ -77,8 +74,7 @@ class Split:
         reference = exact_prefix_search(Q_raw, X_raw, X_raw.shape[1], 10)  # rotation-invariant full width
         self.agreement = sp.top10_agreement(self.rankings, reference)
         self.ndcg = ndcg_matrix(self.rankings, judgments, doc_ids) if judgments is not None else None
-        self.full_ndcg = (np.array([ndcg_at_k([doc_ids[r] for r in reference[i]], judgments[i], 10)
-                                    for i in range(len(judgments))]) if judgments is not None else None)
+        self.full_ndcg = ranking_metric(reference, judgments, "ndcg", 10, doc_ids) if judgments is not None else None
 
 
 def concat(splits: list[Split], order: np.ndarray) -> Split:
@@ -143,11 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--collection")
     p.add_argument("--rotation", default="pca", choices=["identity", "pca", "adapter", "adapter_on_pca"])
     p.add_argument("--folds", type=int, default=0, help="K-fold CV over the judged queries (0: train → test)")
-    p.add_argument("--crossfit-folds", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--home", type=Path, default=ROOT / "var")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p, ROOT / "bench" / "results" / "adaptive")
     args = p.parse_args(argv)
     held_out = None
     if args.folds and args.rotation.startswith("adapter"):
@@ -245,7 +237,7 @@ def main(argv=None) -> int:
                 "ndcg@10_unseen": float(nte[unseen, i].mean()) if unseen is not None else None,
                 "agreement": float(test.agreement[:, i].mean())}
 
-    cmd = f"python bench/adaptive.py --dataset {args.dataset} --rotation {args.rotation}" + \
+    cmd = f"python -m bench.adaptive --dataset {args.dataset} --rotation {args.rotation}" + \
           (f" --folds {args.folds}" if args.folds else "")
     result = {
         "command": cmd, "collection": emb.name, "rotation": args.rotation, "documents": N,
@@ -261,9 +253,9 @@ def main(argv=None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{emb.name}_{args.rotation}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.json", json.dumps(result, indent=1))
     md = render(result)
-    (args.out / f"{stem}.md").write_text(md, encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.md", md)
     plot(result, args.out / f"{stem}.png")
     print(md)
     return 0

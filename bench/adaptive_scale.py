@@ -19,7 +19,7 @@ embeddings.  Work is in multiply-adds per query (N·m1 + C·(r − m1), evidence
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/adaptive_scale.py --policy bench/results/adaptive/scifact_pca.json
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.adaptive_scale --policy bench/results/adaptive/scifact_pca.json
 
 Writes ``bench/results/adaptive/scale_<rotation>.{json,md}``.
 """
@@ -33,17 +33,16 @@ import sys
 import time
 from pathlib import Path
 
+import faiss
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from adawidth import stage1_policy as sp  # noqa: E402
-from adawidth.blocked import BlockedCorpus  # noqa: E402
-from adawidth.funnel import resolve  # noqa: E402
-from adawidth.prefix import prefix_normalize, top_k  # noqa: E402
-from funnels import learned_rotation, load_embedded  # noqa: E402
+from adawidth import stage1_policy as sp
+from adawidth.blocked import BlockedCorpus
+from adawidth.funnel import resolve
+from adawidth.prefix import prefix_normalize, top_k
+from bench.common import ROOT
+from bench.funnels import learned_rotation, load_embedded
+from engine.io import atomic
 
 
 def gaussian_like(E: np.ndarray, n: int, rng: np.random.Generator, chunk: int = 200_000) -> np.ndarray:
@@ -74,8 +73,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    import faiss
-
     faiss.omp_set_num_threads(1)
     pol = json.loads(args.policy.read_text())
     grid = [sp.Config(**c) for c in pol["grid"]]
@@ -145,7 +142,7 @@ def main(argv=None) -> int:
                              "p50_ratio_to_exhaustive": float(np.percentile(lat[name], 50) / base),
                              "work": w, "work_ratio_to_exhaustive": w / (N * D)})
         del X, bc, flat, pre
-    out = {"command": f"python bench/adaptive_scale.py --policy {args.policy.relative_to(ROOT) if args.policy.is_absolute() else args.policy}"
+    out = {"command": f"python -m bench.adaptive_scale --policy {args.policy.relative_to(ROOT) if args.policy.is_absolute() else args.policy}"
                       + (f" --tau {args.tau}" if args.tau is not None else ""),
            "policy_point": {"tau": point["tau"], "scifact_ndcg@10": point["ndcg@10"],
                             "scifact_work_ratio": point["work_ratio_to_full"]},
@@ -153,7 +150,7 @@ def main(argv=None) -> int:
            "threads": 1, "machine": platform.processor() or platform.machine(), "rows": rows_out}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"scale_{pol['rotation']}"
-    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.json", json.dumps(out, indent=1))
     md = [f"# Adaptive funnel at scale (synthetic corpora, rotation `{pol['rotation']}`)", "",
           f"Replays the adaptive policy's SciFact choices at τ = {point['tau']} (SciFact NDCG@10 "
           f"{point['ndcg@10']:.4f}) and the static funnel m1 = {static_cfg.m1}, C = {static_cfg.shortlist}, "
@@ -163,7 +160,7 @@ def main(argv=None) -> int:
     for r in rows_out:
         md.append(f"| {r['documents']:,} | {r['path']} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
                   f"{r['p50_ratio_to_exhaustive']:.3f} | {r['work_ratio_to_exhaustive']:.4f} |")
-    (args.out / f"{stem}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.md", "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

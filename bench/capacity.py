@@ -2,10 +2,10 @@
 
 Usage::
 
-    python bench/capacity.py --dataset /work/shared/data/cranfield --rotation pca [--png]
-    python bench/capacity.py --summary        # only rebuild the summary table
+    python -m bench.capacity --dataset /work/shared/data/cranfield --rotation pca [--png]
+    python -m bench.capacity --summary        # only rebuild the summary table
     python -m trainer build --dataset data/scifact && \
-        python bench/capacity.py --from-version var/indexes/scifact/<version> --png   # an existing version
+        python -m bench.capacity --from-version var/indexes/scifact/<version> --png   # an existing version
 
 For each ``--dataset`` it runs the real trainer build (``trainer.build.build_index``,
 the same code as ``python -m trainer build``) into a temporary home (the
@@ -28,18 +28,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import ROOT, write_results
+from engine.encoder import OnnxEncoder
+from engine.io import atomic
+from engine.version.manifest import verify
+from trainer.build import BuildOptions, build_index
+from trainer.capacity_report import PLOTS, render_markdown
+from trainer.config import TrainerSettings
 
 OUT = ROOT / "bench" / "results" / "capacity"
 
 
 def run_one(dataset: Path, rotation: str, png: bool, out: Path, command: str, capacity_overrides: dict) -> dict:
-    from engine.encoder import OnnxEncoder
-    from trainer.build import BuildOptions, build_index
-    from trainer.capacity_report import PLOTS, render_markdown
-    from trainer.config import TrainerSettings
-
+    """Build a version of ``dataset`` in a temporary home (capacity report on) and collect its report."""
     var = ROOT / "var"
     with tempfile.TemporaryDirectory(prefix="capacity-") as home:
         settings = TrainerSettings(home=Path(home), encoder_dir=var / "models" / "minilm-onnx",
@@ -47,46 +48,28 @@ def run_one(dataset: Path, rotation: str, png: bool, out: Path, command: str, ca
         encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
         opts = BuildOptions(dataset=dataset, rotation=rotation, capacity_options=capacity_overrides)
         path, manifest = build_index(opts, settings, encoder)
-        report = json.loads((path / "capacity.json").read_text(encoding="utf-8"))
-        name = f"{manifest['collection']}_{rotation}"
-        report.pop("per_query", None)
-        report["meta"] = {**report.get("meta", {}), "index_version": manifest["version"],
-                          "machine": f"{platform.machine()}, {platform.python_version()}",
-                          "encoder": manifest["encoder"].get("model_name", "all-MiniLM-L6-v2"),
-                          "build_seconds_capacity": manifest["build_seconds"].get("capacity report")}
-        report["command"] = command
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        if png:
-            for p in PLOTS:
-                shutil.copy(path / p, out / f"{name}_{p}")
-        (out / f"{name}.md").write_text(render_markdown(report, f"{manifest['collection']} ({rotation} rotation)",
-                                                        command=command, plots=png, plot_prefix=f"{name}_"),
-                                        encoding="utf-8")
-    return report
+        return collect_version(path, png, out, command, {
+            "machine": f"{platform.machine()}, {platform.python_version()}",
+            "encoder": manifest.encoder.model_name or "all-MiniLM-L6-v2"})
 
 
-def collect_version(version_dir: Path, png: bool, out: Path, command: str) -> dict:
-    """Copy the capacity report of an already built version (``python -m trainer build ...``)."""
-    from engine.version import store
-    from trainer.capacity_report import PLOTS, render_markdown
-
-    manifest = store.verify_version(version_dir)
+def collect_version(version_dir: Path, png: bool, out: Path, command: str, meta: dict | None = None) -> dict:
+    """Copy the capacity report of a built version (``python -m trainer build ...``) into ``out``: JSON and
+    Markdown (per-query values dropped), and the plots with ``png``; ``meta`` is added to the report's meta."""
+    manifest = verify(version_dir)
     report = json.loads((version_dir / "capacity.json").read_text(encoding="utf-8"))
-    rotation = manifest["adapter"]["kind"]
-    name = f"{manifest['collection']}_{rotation}"
+    rotation = manifest.adapter.kind
+    name = f"{manifest.collection}_{rotation}"
     report.pop("per_query", None)
-    report["meta"] = {**report.get("meta", {}), "index_version": manifest["version"],
-                      "build_seconds_capacity": manifest["build_seconds"].get("capacity report")}
+    report["meta"] = {**report.get("meta", {}), "index_version": manifest.version, **(meta or {}),
+                      "build_seconds_capacity": (manifest.build_seconds or {}).get("capacity report")}
     report["command"] = command
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if png:
+        out.mkdir(parents=True, exist_ok=True)
         for p in PLOTS:
             shutil.copy(version_dir / p, out / f"{name}_{p}")
-    (out / f"{name}.md").write_text(render_markdown(report, f"{manifest['collection']} ({rotation} rotation)",
-                                                    command=command, plots=png, plot_prefix=f"{name}_"),
-                                    encoding="utf-8")
+    write_results(out / name, report, render_markdown(report, f"{manifest.collection} ({rotation} rotation)",
+                                                      command=command, plots=png, plot_prefix=f"{name}_"))
     return report
 
 
@@ -135,7 +118,7 @@ def write_summary(out: Path) -> str:
         "(001 §5.1).", "",
         "Commands:", "", *[f"- `{c}`" for c in cmds if c], "",
     ])
-    (out / "README.md").write_text(text, encoding="utf-8")
+    atomic.write_text(out / "README.md", text)
     return text
 
 
@@ -151,11 +134,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.from_version:
         cmd = (f"{args.build_command} && " if args.build_command else "") + \
-            f"python bench/capacity.py --from-version {args.from_version}" + (" --png" if args.png else "")
+            f"python -m bench.capacity --from-version {args.from_version}" + (" --png" if args.png else "")
         collect_version(args.from_version, args.png, args.out, cmd)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for ds in args.dataset:
-        cmd = f"python bench/capacity.py --dataset {ds} --rotation {args.rotation}" + (" --png" if args.png else "")
+        cmd = f"python -m bench.capacity --dataset {ds} --rotation {args.rotation}" + (" --png" if args.png else "")
         rep = run_one(ds, args.rotation, args.png, args.out, cmd, {})
         d, fit = rep["density"], rep["scaling"]["fit"]
         print(f"{ds.name} {args.rotation}: delta={d['delta']:.4f} d*={d['warren_dstar']} {d['regime']} "

@@ -8,22 +8,28 @@ all test queries and on the "unseen" ones (no relevant document cited by any tra
 memorisation caveat, README), CARS's pick, whether it picked the better geometry (on all test queries),
 and its regret.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/cars.py --out bench/results/cars
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.cars --out bench/results/cars
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import top_k
+from bench.common import ROOT
+from engine.encoder import OnnxEncoder
+from engine.io import atomic
+from engine.io.beir import load_collection, load_qrels
+from trainer.cars import CarsConfig, fit_operator, make_triples, select_by_cars
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 
 def main(argv=None) -> int:
@@ -36,15 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cars")
     ap.add_argument("--cache", type=Path, default=ROOT / "var" / "cache" / "embeddings.sqlite")
     args = ap.parse_args(argv)
-    import torch
-
     torch.set_num_threads(1)
-    from engine.io.beir import load_collection, load_qrels
-    from adawidth.metrics import ndcg_at_k
-    from engine.encoder import OnnxEncoder
-    from trainer.cars import CarsConfig, fit_operator, make_triples, select_by_cars
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     data = ROOT / "data" / "scifact"
     encoder = OnnxEncoder(ROOT / "var" / "models" / "minilm-onnx", threads=1)
     cache = EmbeddingCache(args.cache, encoder.dimension)
@@ -62,10 +60,7 @@ def main(argv=None) -> int:
     cfg = CarsConfig(rank=args.rank, prior_queries=args.prior_queries)
 
     def evaluate(W: np.ndarray, cited: set) -> dict:
-        S = (Qte @ W) @ X.T
-        top = np.argpartition(-S, 10, axis=1)[:, :10]
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(S, top, 1), axis=1), 1)
-        nd = np.array([ndcg_at_k([ids[j] for j in top[i]], col.qrels[q], 10) for i, q in enumerate(te)])
+        nd = ranking_metric(top_k((Qte @ W) @ X.T, 10), [col.qrels[q] for q in te], "ndcg", 10, ids)
         unseen = np.array([not any(d in cited for d, g in col.qrels[q].items() if g > 0) for q in te])
         return {"all": float(nd.mean()), "unseen": float(nd[unseen].mean()), "unseen_queries": int(unseen.sum())}
 
@@ -93,15 +88,15 @@ def main(argv=None) -> int:
                    "seconds": round(time.perf_counter() - t0, 1)}
             runs.append(run)
             print({k: v for k, v in run.items() if k != "cars_splits"}, flush=True)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/cars.py" + (
+    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.cars" + (
         f" --sizes {' '.join(args.sizes)}" if args.sizes != ["32", "128", "512", "all"] else "") + (
         f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") + (
         f" --prior-queries {args.prior_queries:g} --out {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}"
         if args.prior_queries else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cars.json").write_text(json.dumps({"command": command, "config": asdict(cfg), "frozen": frozen,
-                                                    "runs": runs}, indent=1))
-    (args.out / "cars.md").write_text(to_markdown(runs, frozen, cfg, command))
+    atomic.write_json(args.out / "cars.json", {"command": command, "config": asdict(cfg), "frozen": frozen,
+                                               "runs": runs}, sort_keys=False)
+    atomic.write_text(args.out / "cars.md", to_markdown(runs, frozen, cfg, command))
     print((args.out / "cars.md").read_text())
     return 0
 

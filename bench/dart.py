@@ -2,9 +2,9 @@
 
 Usage (CPU setting, one thread; results appended run by run, the table rebuilt from whatever finished)::
 
-    OMP_NUM_THREADS=1 python bench/dart.py --seeds 0 1 2 --out bench/results/dart/scifact.jsonl
-    python bench/dart.py --table-only --out bench/results/dart/scifact.jsonl   # rewrite the .md/.json table
-    python bench/dart.py --objectives at_dw_infonce --alphas 0.5 1 3 --seeds 0 1 2 --out bench/results/dart/alpha.jsonl
+    OMP_NUM_THREADS=1 python -m bench.dart --seeds 0 1 2 --out bench/results/dart/scifact.jsonl
+    python -m bench.dart --table-only --out bench/results/dart/scifact.jsonl   # rewrite the .md/.json table
+    python -m bench.dart --objectives at_dw_infonce --alphas 0.5 1 3 --seeds 0 1 2 --out bench/results/dart/alpha.jsonl
 
 Every objective gets the same model, frozen layers, data, dev split, seeds, batches and step budget
 (trainer/dart/finetune.py). The frozen encoder (same truncation) is the reference row. Metrics:
@@ -20,14 +20,17 @@ import json
 import logging
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adawidth.metrics import per_query
+from bench.common import ROOT, command, write_results
+from engine.io.beir import load_collection
+from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, add_setting_arguments, cached_states,
+                                   encode_states, load_bert, rank, split_dev, train)
 
 METRICS = (("recall", 100), ("recall", 10), ("recall", 1), ("ndcg", 10))
 
@@ -37,7 +40,6 @@ def metric_name(m, k):
 
 
 def per_query_metrics(R: np.ndarray, doc_ids: list[str], qids: list[str], qrels) -> dict[str, list[float]]:
-    from adawidth.metrics import per_query
     run = {q: [doc_ids[j] for j in r] for q, r in zip(qids, R)}
     sub = {q: qrels[q] for q in qids}
     return {metric_name(m, k): [per_query(run, sub, m, k)[q] for q in qids] for m, k in METRICS}
@@ -55,10 +57,7 @@ def paired_bootstrap_p(a: np.ndarray, b: np.ndarray, n: int = 10_000, seed: int 
 
 
 def build_data(dataset: Path, dev_fraction: float):
-    from engine.io.beir import load_collection
-    train = load_collection(dataset, "train")
-    test = load_collection(dataset, "test")
-    return train, test
+    return load_collection(dataset, "train"), load_collection(dataset, "test")
 
 
 def main(argv=None) -> int:
@@ -68,9 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--objectives", nargs="+", default=["infonce", "at_dw_infonce", "focal", "temp_schedule"])
     ap.add_argument("--alphas", nargs="+", type=float, default=None, help="α values for at_dw_infonce (sweep)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--trainable-layers", type=int, default=1)
-    ap.add_argument("--doc-max-tokens", type=int, default=128)
-    ap.add_argument("--max-epochs", type=int, default=1)
+    add_setting_arguments(ap, max_epochs=1)
     ap.add_argument("--patience", type=int, default=0)
     ap.add_argument("--dev-fraction", type=float, default=0.1)
     ap.add_argument("--cache-dir", type=Path, default=None, help="frozen-state cache (default $ADAWIDTH_HOME/dart)")
@@ -84,10 +81,6 @@ def main(argv=None) -> int:
 
 
 def run(args):
-    import torch
-
-    from trainer.dart.finetune import (FinetuneConfig, TrainData, cached_states, encode_states, load_bert, rank,
-                                       split_dev, train)
     torch.set_num_threads(1)
     home = Path(os.environ.get("ADAWIDTH_HOME", ROOT / "var"))
     cache_dir = args.cache_dir or home / "dart"
@@ -119,13 +112,12 @@ def run(args):
         for line in args.out.read_text().splitlines():
             r = json.loads(line)
             done.add((r["objective"], r.get("alpha"), r["seed"]))
-    from trainer.dart.finetune import TopEncoder
     base = TopEncoder(bert, t)
     X0 = encode_states(base, dstates)
     common = {"dataset": args.dataset.name, "trainable_layers": t, "doc_max_tokens": args.doc_max_tokens,
               "train_queries": len(tr_ids), "dev_queries": len(dev_ids), "test_queries": len(test_q),
               "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch threads 1", "device": "cpu",
-              "command": "python " + " ".join(sys.argv)}
+              "command": command("dart")}
     if ("frozen", None, -1) not in done:
         Q = encode_states(base, qstates, test_rows)
         rec = {"objective": "frozen", "alpha": None, "seed": -1, **common, "setup_seconds": setup_s,
@@ -210,9 +202,8 @@ def write_table(out: Path):
               "scored lower on dev). AT-DW-InfoNCE's weights w_i = 1 + α ρ̃_i (mean 1.45 on SciFact train at α = 2) "
               "also scale its gradient at a fixed learning rate, so part of any gain may be a larger effective step; "
               "an lr-matched InfoNCE control is not in this table."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "commands": list(dict.fromkeys(r["command"] for r in recs))},
-                                                 indent=2))
+    write_results(out.with_suffix(""), {"summary": summary, "commands": list(dict.fromkeys(r["command"] for r in recs))},
+                  "\n".join(lines), indent=2)
 
 
 if __name__ == "__main__":

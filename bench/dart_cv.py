@@ -2,7 +2,7 @@
 
 Usage (CPU, one thread; a smaller budget than the SciFact table: one seed, one epoch per fold)::
 
-    OMP_NUM_THREADS=1 python bench/dart_cv.py --collections cranfield cisi medline --out bench/results/dart/cv.jsonl
+    OMP_NUM_THREADS=1 python -m bench.dart_cv --collections cranfield cisi medline --out bench/results/dart/cv.jsonl
 
 For each collection (``/work/shared/data/<name>``, test qrels only): the judged queries are split into 5 folds;
 for each fold, the encoder (top layer over cached frozen states, documents at 128 tokens) is fine-tuned on the
@@ -20,13 +20,18 @@ import json
 import logging
 import os
 import platform
-import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adawidth.capacity import qrels_density
+from bench.common import ROOT, command, write_results
+from bench.dart import paired_bootstrap_p, per_query_metrics
+from engine.io.beir import load_collection
+from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, cached_states, encode_states, load_bert, rank,
+                                   split_dev, train)
+
 DATA = Path("/work/shared/data")
 
 
@@ -49,7 +54,6 @@ def main(argv=None) -> int:
 
 
 def _data_for(col, qids, doc_ids, qrow, dev_fraction, seed):
-    from trainer.dart.finetune import TrainData, split_dev
     row = {d: i for i, d in enumerate(doc_ids)}
     tr, dev = split_dev(qids, dev_fraction, seed=seed)
     pos = [[row[d] for d, g in col.qrels[q].items() if g > 0] for q in tr]
@@ -58,13 +62,6 @@ def _data_for(col, qids, doc_ids, qrow, dev_fraction, seed):
 
 
 def run(args):
-    import torch
-
-    from engine.io.beir import load_collection
-    from adawidth.capacity import qrels_density
-    from bench.dart import per_query_metrics
-    from trainer.dart.finetune import (FinetuneConfig, TopEncoder, cached_states, encode_states, load_bert, rank,
-                                       train)
     torch.set_num_threads(1)
     home = Path(os.environ.get("ADAWIDTH_HOME", ROOT / "var"))
     cache = home / "dart"
@@ -74,7 +71,7 @@ def run(args):
     if args.out.is_file():
         done = {(r["collection"], r["kind"], r["objective"]) for r in map(json.loads, args.out.read_text().splitlines())}
     machine = f"{platform.machine()} {os.cpu_count()} cpus, torch threads 1"
-    command = "python " + " ".join(sys.argv)
+    cmd = command("dart_cv")
 
     sci_tops = {}
     if args.zero_shot:
@@ -98,7 +95,7 @@ def run(args):
         qids = sorted(col.judged_queries())
         dens = qrels_density([col.qrels[q] for q in qids], doc_ids)
         meta = {"collection": name, "delta": dens.delta, "regime": dens.regime, "documents": len(doc_ids),
-                "queries": len(qids), "machine": machine, "command": command}
+                "queries": len(qids), "machine": machine, "command": cmd}
         dst = cached_states(cache, bert, tok, [d.encoder_text() for d in col.corpus], frozen_layers=5,
                             max_tokens=128, desc=f"{name} corpus")
         qst = cached_states(cache, bert, tok, [col.queries[q] for q in qids], frozen_layers=5, max_tokens=64,
@@ -146,7 +143,6 @@ def _append(path: Path, rec: dict):
 
 
 def write_table(out: Path):
-    from bench.dart import paired_bootstrap_p
     if not out.is_file():
         return
     recs = [json.loads(x) for x in out.read_text().splitlines()]
@@ -190,9 +186,8 @@ def write_table(out: Path):
                      f"{cell(b)} | {diff} | {p} | {dr} | {ret(za)} | {ret(zb)} |")
     lines += ["", "The paper's two-regime prediction (000 §3, §6): AT-DW-InfoNCE helps where δ is large (moderate "
               "regime: Cranfield, CISI) and not where δ is far below 1."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "commands": list(dict.fromkeys(r["command"] for r in recs))},
-                                                 indent=2))
+    write_results(out.with_suffix(""), {"summary": summary, "commands": list(dict.fromkeys(r["command"] for r in recs))},
+                  "\n".join(lines), indent=2)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage::
 
-    OMP_NUM_THREADS=1 python bench/dart_head.py --out bench/results/dart/head_scifact.json
+    OMP_NUM_THREADS=1 python -m bench.dart_head --out bench/results/dart/head_scifact.json
 
 Tiers available here: MIPS (bi-encoder, exact) and MaxSim (late interaction over the same encoder's token
 embeddings, top-50 MIPS candidates). No cross-encoder has been trained yet, so t* is the cheaper of these two
@@ -16,14 +16,21 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adawidth.metrics import ranking_metric
+from adawidth.tiers import oracle_tier, predict_tier
+from bench.common import ROOT, command
+from engine.io import atomic
+from engine.io.beir import load_collection
+from trainer.dart.difficulty import fit_posthoc
+from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, cached_states, encode_states, load_bert,
+                                   split_dev, train)
+from trainer.dart.tier_rankings import tier_rankings
 
 
 def main(argv=None) -> int:
@@ -32,15 +39,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "dart" / "head_scifact.json")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    import torch
-
-    from engine.io.beir import load_collection
-    from adawidth.metrics import ndcg_at_k
-    from adawidth.tiers import oracle_tier, predict_tier
-    from trainer.dart.difficulty import fit_posthoc, tier_rankings
-    from trainer.dart.finetune import (FinetuneConfig, TopEncoder, TrainData, cached_states, encode_states, load_bert,
-                                       split_dev, train)
-
     torch.set_num_threads(1)
     home = Path(os.environ.get("ADAWIDTH_HOME", ROOT / "var"))
     tr, te = load_collection(args.dataset, "train"), load_collection(args.dataset, "test")
@@ -62,8 +60,8 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         R = tier_rankings(top, qst, rows, dst, X)
         secs = time.monotonic() - t0
-        return np.array([[ndcg_at_k([doc_ids[j] for j in R[t][i]], qrels[q], 10) for t in ("mips", "maxsim")]
-                         for i, q in enumerate(qids)]), secs
+        judged = [qrels[q] for q in qids]
+        return np.stack([ranking_metric(R[t], judged, "ndcg", 10, doc_ids) for t in ("mips", "maxsim")], axis=1), secs
 
     def evaluate(name, top, X, W):
         qual_te, secs = quality(top, X, te_rows, test_q, te.qrels)
@@ -84,7 +82,7 @@ def main(argv=None) -> int:
             "tier_seconds_for_test_queries": secs,
         }
 
-    out = {"command": "python " + " ".join(sys.argv), "machine": f"{platform.machine()} {os.cpu_count()} cpus, "
+    out = {"command": command("dart_head"), "machine": f"{platform.machine()} {os.cpu_count()} cpus, "
            "torch threads 1", "tiers": ["mips", "maxsim"], "depth": 50}
     base = TopEncoder(bert, 1)
     X0 = encode_states(base, dst)
@@ -110,7 +108,7 @@ def main(argv=None) -> int:
         out["joint"] = evaluate("AT-DW-InfoNCE + head, λ = 0.1 (joint)", top, X, top.difficulty_head)
         out["joint"]["train_history"] = report["history"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
+    atomic.write_text(args.out, json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
     return 0
 

@@ -3,7 +3,7 @@
 Usage (after ``python -m trainer.dart.cross_encoder --dataset data/scifact`` and
 ``python -m trainer build --dataset data/scifact --tiers``)::
 
-    python bench/dart_tiers.py --home var --collection scifact --out bench/results/dart/tiers
+    python -m bench.dart_tiers --home var --collection scifact --out bench/results/dart/tiers
 
 Every evaluation query is sent to an in-process gateway (FastAPI TestClient, the served code path, default
 settings) once per tier: ``mips`` (the adaptive-width funnel, width 'auto'), ``maxsim`` and ``cross_encoder``
@@ -22,32 +22,30 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from tqdm.auto import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.funnels import bootstrap_ci  # noqa: E402
+from adawidth.metrics import ranking_metric
+from adawidth.tiers import TIERS, oracle_tier
+from bench.common import ROOT, command
+from bench.funnels import bootstrap_ci
+from engine.io import atomic
+from engine.io.beir import load_collection
+from service.app import create_app
+from service.config import GatewaySettings
 
 
 def _client(home: Path, collection: str, **settings):
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     return TestClient(create_app(GatewaySettings(home=home, collection=collection, redis_url=None, **settings),
                                  CollectorRegistry()))
 
 
 def _run(client, queries: list[str], tier: str, k: int = 10, desc: str = ""):
-    from tqdm.auto import tqdm
-
     ids, lat, traces = [], [], []
     for q in tqdm(queries, desc=desc or tier, unit="query"):
         r = client.post("/v1/search", json={"query": q, "k": k, "tier": tier})
@@ -76,19 +74,15 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-documents", type=int, default=6000, help="MaxSim cache of the warm and auto passes")
     args = ap.parse_args(argv)
 
-    from engine.io.beir import load_collection
-    from adawidth.metrics import ndcg_at_k
-    from adawidth.tiers import TIERS, oracle_tier
-
     col = load_collection(args.dataset, args.split)
     qids = sorted(col.judged_queries())[:args.queries]
     texts = [col.queries[q] for q in qids]
-    ndcg = lambda runs: np.array([ndcg_at_k(r, col.qrels[q], 10) for r, q in zip(runs, qids)])  # noqa: E731
+    ndcg = lambda runs: ranking_metric(runs, [col.qrels[q] for q in qids[:len(runs)]], "ndcg", 10)  # noqa: E731
 
     res, lat = {}, {}
     with _client(args.home, args.collection, maxsim_cache_documents=0) as c:
         version = c.app.state.gw.live
-        manifest = version.manifest
+        tiers = version.manifest.tiers.model_dump(mode="json") if version.manifest.tiers is not None else {}
         for tier in ("mips", "maxsim", "cross_encoder"):
             ids, l, _ = _run(c, texts, tier, desc=f"{tier}" + (" (cold)" if tier == "maxsim" else ""))
             res[tier], lat[tier if tier != "maxsim" else "maxsim_cold"] = ndcg(ids), l
@@ -119,15 +113,15 @@ def main(argv=None) -> int:
         "latency": {k: _pct(v) for k, v in lat.items()},
         "latency_ratio_p50_to_mips": {k: float(np.percentile(v, 50) / np.percentile(lat["mips"], 50))
                                       for k, v in lat.items()},
-        "head": (manifest.get("tiers") or {}).get("head"),
-        "cross_encoder": (manifest.get("tiers") or {}).get("cross_encoder"),
+        "head": tiers.get("head"),
+        "cross_encoder": tiers.get("cross_encoder"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "providers": c.app.state.gw.encoder.providers},
-        "command": "python bench/dart_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("dart_tiers", argv),
         "date": time.strftime("%Y-%m-%d"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(out, indent=2))
+    atomic.write_text(args.out.with_suffix(".json"), json.dumps(out, indent=2))
     L = out["latency"]
     rows = [("MIPS (adaptive width, auto)", "mips", "mips"), ("MaxSim, top 50, cold cache", "maxsim", "maxsim_cold"),
             (f"MaxSim, top 50, warm cache (latency on {args.warm_queries} queries)", "maxsim", "maxsim_warm"),
@@ -148,7 +142,7 @@ def main(argv=None) -> int:
            + f"; head accuracy against the oracle {out['head_accuracy_vs_oracle']:.2f}.",
            f"The gateway's auto answers equal the offline routing of the per-tier answers: "
            f"{out['auto_equals_offline_routing']}."]
-    args.out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    atomic.write_text(args.out.with_suffix(".md"), "\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

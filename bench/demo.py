@@ -2,7 +2,7 @@
 
 Usage (what ``make demo`` runs after building the index; ``make demo-full`` the same on the adapter build)::
 
-    python bench/demo.py --home var --collection scifact --dataset data/scifact
+    python -m bench.demo --home var --collection scifact --dataset data/scifact
 
 Starts the gateway as a child process on a free port (or ``--port``), waits
 for ``/readyz`` (``adawidth_client.Client.wait_ready``), sends the judged test
@@ -17,7 +17,6 @@ evaluation stored in the index manifest.  The policies are the list
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -30,22 +29,23 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.version import store  # noqa: E402
-from engine.io.beir import load_collection  # noqa: E402
-from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
-from adawidth_client import Client  # noqa: E402
+from adawidth.metrics import ranking_metric
+from bench.common import ROOT, write_results
+from engine.io.beir import load_collection, load_qrels
+from engine.version import store
+from engine.version.manifest import read_manifest
+from adawidth_client import Client
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound, then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def start_gateway(home: Path, collection: str, port: int, log_path: Path) -> subprocess.Popen:
+    """Start ``python -m service`` on ``home``'s collection at ``port``, logging to ``log_path``; returns the process."""
     env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_COLLECTION=collection, ADAWIDTH_PORT=str(port))
     log = open(log_path, "w")
     return subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -87,8 +87,8 @@ def run_policy(client: Client, queries: list[tuple[str, str]], fields: dict, k: 
 
 def summarize(label: str, out: dict, qrels: dict, unseen: set[str]) -> dict:
     ids = list(out["rankings"])
-    nd = np.array([ndcg_at_k(out["rankings"][q], qrels[q], 10) for q in ids])
-    rc = np.array([recall_at_k(out["rankings"][q], qrels[q], 100) for q in ids])
+    ranked, judged = [out["rankings"][q] for q in ids], [qrels[q] for q in ids]
+    nd, rc = ranking_metric(ranked, judged, "ndcg", 10), ranking_metric(ranked, judged, "recall", 100)
     un = np.array([q in unseen for q in ids])
     widths = np.array([t.width for t in out["traces"]])
     return {"policy": label, "ndcg@10": float(nd.mean()), "recall@100": float(rc.mean()),
@@ -118,14 +118,12 @@ def main(argv=None) -> int:
     if version is None:
         print(f"no live index for {args.collection} under {home}; run `make index` first", file=sys.stderr)
         return 2
-    manifest = store.read_manifest(coll_dir / version)
+    manifest = read_manifest(coll_dir / version)
     col = load_collection(args.dataset, args.split)
     judged = col.judged_queries()
     queries = sorted(judged.items(), key=lambda kv: kv[0])
     train_cited = set()
     try:
-        from engine.io.beir import load_qrels
-
         train_cited = {d for j in load_qrels(args.dataset, "train").values() for d, g in j.items() if g > 0}
     except Exception:  # noqa: BLE001 - a collection without a train split has no 'unseen' subset
         pass
@@ -140,7 +138,7 @@ def main(argv=None) -> int:
         ready = wait_ready(base, proc)
         print(f"gateway ready on {base}: {ready['collection']} {ready['index_version']} "
               f"({ready['documents']} docs, {', '.join(ready['encoder_providers'])}; rotation "
-              f"{manifest['adapter']['kind']})", file=sys.stderr)
+              f"{manifest.adapter.kind})", file=sys.stderr)
         with Client(base, timeout_s=30.0) as client:
             run_policy(client, queries[:20], {"width": "auto"})  # warm-up, not reported
             for pol in http_policies(args.rhos):
@@ -157,10 +155,10 @@ def main(argv=None) -> int:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
-    ev = manifest.get("evaluation") or {}
+    ev = manifest.evaluation or {}
     static = ev.get("static", {})
     offline = []
-    kind = manifest["adapter"]["kind"]
+    kind = manifest.adapter.kind
     rows_wanted = [("exact/identity/384", "full width 384 (frozen encoder)"), ("exact/identity/64", "truncation 64"),
                    ("exact/pca/64", "PCA 64"), ("exact/pca/128", "PCA 128")]
     if kind not in ("identity", "pca"):
@@ -173,19 +171,17 @@ def main(argv=None) -> int:
                             "mean_width": float(key.rsplit("/", 1)[1]), "source": "offline exact search"})
     make = "make demo" if kind == "pca" else f"make demo ROTATION={kind}" if kind != "adapter" else "make demo-full"
     result = {
-        "command": f"{make}  (python bench/demo.py --home var --collection {args.collection} --dataset "
+        "command": f"{make}  (python -m bench.demo --home var --collection {args.collection} --dataset "
                    f"{_shown(args.dataset)})",
         "collection": args.collection, "split": args.split, "queries": len(queries), "unseen_queries": len(unseen),
         "index_version": version, "adapter": kind,
-        "documents_encoded_by_the_build": (manifest.get("corpus") or {}).get("encoded_now"),
-        "build_seconds": manifest.get("build_seconds"),
-        "action_pair": manifest["router"]["default_pair"], "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "documents_encoded_by_the_build": getattr(manifest.corpus, "encoded_now", None),
+        "build_seconds": manifest.build_seconds,
+        "action_pair": list(manifest.router.default_pair) if manifest.router and manifest.router.default_pair else None, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "offline": offline, "http": rows, "routed_offline": ev.get("routed"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.collection}_demo.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     md = render_markdown(result)
-    (args.out / f"{args.collection}_demo.md").write_text(md, encoding="utf-8")
+    write_results(args.out / f"{args.collection}_demo", result, md, indent=2)
     print(md)
     return 0
 

@@ -10,8 +10,8 @@ table and a plot.
 
 Usage::
 
-    .venv/bin/python bench/frontier.py --dataset data/scifact                     # train → test
-    .venv/bin/python bench/frontier.py --dataset ../shared/data/cranfield --folds 5  # 5-fold CV over queries
+    .venv/bin/python -m bench.frontier --dataset data/scifact                     # train → test
+    .venv/bin/python -m bench.frontier --dataset ../shared/data/cranfield --folds 5  # 5-fold CV over queries
 
 Writes ``bench/results/frontier/frontier_<collection>.{json,md,png}``.
 """
@@ -26,20 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from adawidth.funnel import exact_stage1_batch, resolve  # noqa: E402
-from adawidth.metrics import ndcg_at_k, recall_at_k  # noqa: E402
-from adawidth.prefix import exact_prefix_search, prefix_normalize  # noqa: E402
-from adawidth.rotation import pca_rotation  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from funnels import learned_rotation, load_embedded, pareto_indices  # noqa: E402
-
-STAGE1_WIDTHS = (16, 32, 48, 64)
-SHORTLISTS = (100, 200, 500, 1000)
-RESCORE_WIDTHS = (128, 256, 384)
+from adawidth import stage1_policy as sp
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import exact_prefix_search
+from adawidth.rotation import pca_rotation
+from bench.common import ROOT
+from bench.funnels import learned_rotation, load_embedded, pareto_indices
+from engine.io import atomic
 
 
 def pareto(points: list[dict], x: str = "work", y: str = "ndcg@10") -> list[dict]:
@@ -47,34 +40,23 @@ def pareto(points: list[dict], x: str = "work", y: str = "ndcg@10") -> list[dict
     return [points[i] for i in pareto_indices([p[x] for p in points], [p[y] for p in points])]
 
 
-def sweep(X_rot: np.ndarray, Q_rot: np.ndarray, judgments: list[dict], doc_ids: list[str],
-          unseen: np.ndarray | None) -> list[dict]:
-    """Every static funnel point on one rotation; X_rot (N, D), Q_rot (Q, D) rotated embeddings."""
+def sweep(X_rot: np.ndarray, Q_rot: np.ndarray, judgments: list[dict], doc_ids: list[str]) -> list[dict]:
+    """Every static funnel point of :func:`adawidth.stage1_policy.default_grid` (m1 x C x r) on one rotation,
+    ranked by the library's :func:`adawidth.stage1_policy.funnel_rankings`, plus the exhaustive full-width
+    baseline; X_rot (N, D), Q_rot (Q, D) rotated embeddings.  Each point has its work (multiply-adds per query),
+    the per-query NDCG@10 ((Q,) float64) and the mean Recall@100."""
     N, D = X_rot.shape
+    grid = sp.default_grid()
+    rankings = sp.funnel_rankings(X_rot, Q_rot, grid, k=100)[:, :, :min(100, N)]  # no padding rows
     out = []
-    for m1 in STAGE1_WIDTHS:
-        Xp = prefix_normalize(X_rot, m1)
-        sq = np.einsum("ij,ij->i", X_rot[:, :m1], X_rot[:, :m1])
-        rows_all, sc_all = exact_stage1_batch(Q_rot, Xp, m1, max(SHORTLISTS))
-        for C in SHORTLISTS:
-            C_eff = min(C, N)
-            for r in RESCORE_WIDTHS:
-                nd, rc = [], []
-                for i in range(len(Q_rot)):
-                    res = resolve(Q_rot[i], X_rot, sq, rows_all[i, :C_eff], sc_all[i, :C_eff], m0=m1, k=100, width=r)
-                    ranked = [doc_ids[j] for j in res.rows]
-                    nd.append(ndcg_at_k(ranked, judgments[i], 10))
-                    rc.append(recall_at_k(ranked, judgments[i], 100))
-                nd = np.array(nd)
-                out.append({"stage1_width": m1, "shortlist": C_eff, "rescore_width": r,
-                            "work": int(N * m1 + C_eff * (r - m1)), "per_query_ndcg": nd,
-                            "recall@100": float(np.mean(rc))})
-    # the exhaustive full-width baseline
+    for j, c in enumerate(grid):
+        out.append({"stage1_width": c.m1, "shortlist": min(c.shortlist, N), "rescore_width": c.rescore_width,
+                    "work": c.work(N), "per_query_ndcg": ranking_metric(rankings[:, j], judgments, "ndcg", 10, doc_ids),
+                    "recall@100": float(ranking_metric(rankings[:, j], judgments, "recall", 100, doc_ids).mean())})
     ref = exact_prefix_search(Q_rot, X_rot, D, 100)
-    nd = np.array([ndcg_at_k([doc_ids[j] for j in ref[i]], judgments[i], 10) for i in range(len(Q_rot))])
-    rc = [recall_at_k([doc_ids[j] for j in ref[i]], judgments[i], 100) for i in range(len(Q_rot))]
-    out.append({"stage1_width": D, "shortlist": N, "rescore_width": D, "work": int(N * D), "per_query_ndcg": nd,
-                "recall@100": float(np.mean(rc)), "exhaustive": True})
+    out.append({"stage1_width": D, "shortlist": N, "rescore_width": D, "work": int(N * D),
+                "per_query_ndcg": ranking_metric(ref, judgments, "ndcg", 10, doc_ids),
+                "recall@100": float(ranking_metric(ref, judgments, "recall", 100, doc_ids).mean()), "exhaustive": True})
     return out
 
 
@@ -111,7 +93,7 @@ def main(argv=None) -> int:
         for eval_idx, Qfit, pos in splits:
             R = learned_rotation(rot, X, Qfit, pos, args.epochs, args.seed, R_pca=R_pca)
             pts = sweep((X @ R.T).astype(np.float32), (Qt[eval_idx] @ R.T).astype(np.float32),
-                        [judg_t[i] for i in eval_idx], doc_ids, None)
+                        [judg_t[i] for i in eval_idx], doc_ids)
             if points is None:
                 points = pts
                 per_query = [np.zeros(len(test_ids)) for _ in pts]
@@ -135,7 +117,7 @@ def main(argv=None) -> int:
         p["work_ratio_to_full"] = p["work"] / full["work"]
     frontier = pareto([p for p in all_points if not p.get("exhaustive")])
     report = {
-        "command": f"python bench/frontier.py --dataset {args.dataset}" + (f" --folds {args.folds}" if args.folds else ""),
+        "command": f"python -m bench.frontier --dataset {args.dataset}" + (f" --folds {args.folds}" if args.folds else ""),
         "collection": name, "documents": N, "queries": len(test_ids),
         "protocol": f"{args.folds}-fold cross-validation over the judged test queries" if args.folds
                     else "adapters trained on the train split, scored on the test split",
@@ -146,7 +128,7 @@ def main(argv=None) -> int:
         "frontier_by_rotation": {r: pareto([p for p in pts if not p.get("exhaustive")]) for r, pts in results.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"frontier_{name}.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    atomic.write_text(args.out / f"frontier_{name}.json", json.dumps(report, indent=1))
     md = [f"# Static funnel frontier on {name} ({N} documents, {len(test_ids)} judged queries)", "",
           f"Protocol: {report['protocol']}. Cost model: {report['cost_model']}.", "",
           f"Command: `{report['command']}`", "",
@@ -168,7 +150,7 @@ def main(argv=None) -> int:
                       f"{b['work_ratio_to_full']:.3f} | {b['ndcg@10']:.4f} |")
         else:
             md.append(f"| {rot} | – | – | – | – | none within 0.5 % |")
-    (args.out / f"frontier_{name}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    atomic.write_text(args.out / f"frontier_{name}.md", "\n".join(md) + "\n")
     try:
         import matplotlib
 

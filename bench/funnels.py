@@ -19,8 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.io.beir import available_splits, load_collection, load_qrels
 from adawidth.rotation import pca_rotation
+from bench.common import ROOT
+from engine.encoder import OnnxEncoder
+from engine.io.beir import available_splits, load_collection, load_qrels
+from trainer.adapter import AdapterConfig, train_adapter
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
+from trainer.export_onnx import export_encoder
 
 
 @dataclass
@@ -55,10 +60,6 @@ class Embedded:
 
 def load_embedded(dataset: Path, home: Path, name: str | None = None, use_train: bool = True) -> Embedded:
     """Encode a BEIR folder with the cached ONNX encoder (``home/models``, ``home/cache``)."""
-    from engine.encoder import OnnxEncoder
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-    from trainer.export_onnx import export_encoder
-
     name = name or Path(dataset).name
     encoder = OnnxEncoder(export_encoder(Path(home) / "models" / "minilm-onnx"))
     col = load_collection(dataset, "test")
@@ -80,6 +81,16 @@ def load_embedded(dataset: Path, home: Path, name: str | None = None, use_train:
         unseen = np.array([not any(d in cited for d, g in j.items() if g > 0) for j in judg_t])
     return Embedded(name, X.astype(np.float32), doc_ids, test_ids, E[: len(test_ids)].astype(np.float32), judg_t,
                     train_ids, E[len(test_ids):].astype(np.float32), judg_tr, unseen)
+
+
+def add_run_arguments(parser, out: Path) -> None:
+    """The arguments every funnel benchmark takes: ``--crossfit-folds``, ``--epochs`` (adapter training),
+    ``--home`` (encoder and embedding cache), ``--out`` (results folder, default ``out``) and ``--seed``."""
+    parser.add_argument("--crossfit-folds", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--home", type=Path, default=ROOT / "var")
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--seed", type=int, default=0)
 
 
 def learned_rotation(kind: str, X: np.ndarray, Q_fit: np.ndarray | None, positives: list[np.ndarray] | None,
@@ -104,8 +115,6 @@ def learned_rotation(kind: str, X: np.ndarray, Q_fit: np.ndarray | None, positiv
         raise ValueError(f"unknown rotation {kind!r}")
     if Q_fit is None or len(Q_fit) == 0:
         raise ValueError(f"rotation {kind!r} needs training queries; use pca or identity")
-    from trainer.adapter import AdapterConfig, train_adapter
-
     base = R_pca if kind == "adapter_on_pca" else np.eye(D)
     R_l, _ = train_adapter(Q_fit @ base.T, X @ base.T, positives, AdapterConfig(epochs=epochs, seed=seed), progress=False)
     return R_l @ base

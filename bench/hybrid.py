@@ -13,7 +13,7 @@ Query quote characters are removed first: these collections' queries are not wri
 syntax.  The BM25 reference of shared/data/SOURCES.md is printed beside ours; for Cranfield (graded) the
 table also gives NDCG@10 with gain 2^rel − 1, the convention of that reference.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/hybrid.py --out bench/results/hybrid
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.hybrid --out bench/results/hybrid
 """
 
 from __future__ import annotations
@@ -27,10 +27,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import faiss
 import numpy as np
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from adawidth.metrics import ranking_metric
+from bench.common import ROOT
+from engine.encoder import OnnxEncoder
+from engine.index import IndexVersion
+from engine.io import atomic
+from engine.io.beir import load_collection
+from service.retrieval import RetrievalOptions, retrieve
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 DATA = Path(os.environ.get("ADAWIDTH_SHARED_DATA", ROOT.parent.parent / "shared" / "data"))
 COLLECTIONS = {"scifact": ROOT / "data" / "scifact", "cranfield": None, "cisi": None, "medline": None, "cacm": None,
@@ -51,14 +61,6 @@ LANES = {
 
 
 def run_collection(name: str, folder: Path, encoder, home: Path, cache_path: Path) -> dict:
-    from engine.io.beir import load_collection
-    from adawidth.metrics import ndcg_at_k, recall_at_k
-    from engine.index import IndexVersion
-    from service.retrieval import RetrievalOptions, retrieve
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     settings = TrainerSettings(home=home, encoder_dir=ROOT / "var" / "models" / "minilm-onnx", redis_url=None,
                                embedding_cache=cache_path).resolved()
     t0 = time.perf_counter()
@@ -80,22 +82,22 @@ def run_collection(name: str, folder: Path, encoder, home: Path, cache_path: Pat
     rows = {}
     for lane, cfg in LANES.items():
         opts = RetrievalOptions(mode=cfg["mode"], fusion=cfg.get("fusion", "rrf"), alpha=0.5, depth=100)
-        nd, nd_exp, rc, secs = [], [], [], []
+        ranked, secs = [], []
         for q in qids:
             s = time.perf_counter()
             got, _ = retrieve(version, texts[q], 100, cfg["width"], emb_of.__getitem__, opts)
             secs.append(time.perf_counter() - s)
-            ids, j = got.outcome.ids, col.qrels[q]
-            nd.append(ndcg_at_k(ids, j, 10))
-            nd_exp.append(ndcg_at_k(ids, {d: 2 ** g - 1 for d, g in j.items()}, 10))
-            rc.append(recall_at_k(ids, j, 100))
+            ranked.append(got.outcome.ids)
+        judged = [col.qrels[q] for q in qids]
+        nd, rc = ranking_metric(ranked, judged, "ndcg", 10), ranking_metric(ranked, judged, "recall", 100)
+        nd_exp = ranking_metric(ranked, [{d: 2 ** g - 1 for d, g in j.items()} for j in judged], "ndcg", 10)
         rows[lane] = {"ndcg@10": float(np.mean(nd)), "recall@100": float(np.mean(rc)),
                       "ndcg@10_exp_gain": float(np.mean(nd_exp)) if graded else None,
                       "ms_per_query": 1000 * float(np.mean(secs)), "per_query_ndcg@10": [float(x) for x in nd]}
     # where each lane wins: per-query NDCG@10 comparison of dense full vs lexical
     d, lx = np.array(rows["dense full"]["per_query_ndcg@10"]), np.array(rows["lexical"]["per_query_ndcg@10"])
     return {"collection": name, "documents": version.size, "queries": len(qids), "graded": graded,
-            "queries_with_quotes_removed": quoted, "version": manifest["version"], "build_seconds": round(build_s, 1),
+            "queries_with_quotes_removed": quoted, "version": manifest.version, "build_seconds": round(build_s, 1),
             "lanes": rows, "dense_better_queries": int((d > lx).sum()), "lexical_better_queries": int((lx > d).sum()),
             "bm25_reference": BM25_REFERENCE.get(name)}
 
@@ -144,13 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=ROOT / "var" / "cache" / "embeddings.sqlite")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    import faiss
-    import torch
-
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    from engine.encoder import OnnxEncoder
-
     encoder = OnnxEncoder(ROOT / "var" / "models" / "minilm-onnx", threads=1)
     results = []
     with tempfile.TemporaryDirectory() as home:
@@ -159,11 +156,11 @@ def main(argv=None) -> int:
             r = run_collection(name, folder, encoder, Path(home), args.cache)
             print(name, {k: round(v["ndcg@10"], 4) for k, v in r["lanes"].items()}, flush=True)
             results.append(r)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/hybrid.py" + (
+    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.hybrid" + (
         f" --collections {' '.join(args.collections)}" if args.collections != list(COLLECTIONS) else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hybrid.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
-    (args.out / "hybrid.md").write_text(to_markdown(results, command))
+    atomic.write_text(args.out / "hybrid.json", json.dumps({"command": command, "results": results}, indent=1))
+    atomic.write_text(args.out / "hybrid.md", to_markdown(results, command))
     print((args.out / "hybrid.md").read_text())
     return 0
 

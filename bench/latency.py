@@ -29,7 +29,7 @@ beside this machine's copy bandwidth, and faiss's thread count and BLAS threshol
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/latency.py --home var --collection scifact --sizes 100000 1000000
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.latency --home var --collection scifact --sizes 100000 1000000
 
 Writes ``bench/results/latency.{json,md}``.
 """
@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import concurrent.futures as cf
 import gc
-import json
 import os
 import platform
 import signal
@@ -51,15 +50,22 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import faiss  # noqa: E402
+import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.io.beir import load_collection, load_qrels  # noqa: E402
-from adawidth.metrics import ndcg_at_k  # noqa: E402
+from adawidth.metrics import ranking_metric  # noqa: E402
+from adawidth_client import NO_RETRY, ApiError, AsyncClient, Client  # noqa: E402
 from adawidth.prefix import prefix_normalize  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
+from bench.common import ROOT, command, write_results  # noqa: E402
+from bench.demo import free_port, start_gateway, wait_ready  # noqa: E402
+from engine.encoder import OnnxEncoder  # noqa: E402
+from engine.index import IndexVersion  # noqa: E402
+from engine.io.beir import load_collection, load_qrels  # noqa: E402
+from engine.version.files import doc_sqnorm, stage1_index  # noqa: E402
+from engine.version.store import resolve_version_path  # noqa: E402
+from trainer.embed_cache import EmbeddingCache, encode_with_cache  # noqa: E402
 
 K = 10
 FUNNEL_WIDTH = 384
@@ -92,8 +98,6 @@ class Corpus:
     """A served corpus: the version object (flat stage 1), its IVF twin, and the full-width faiss baseline."""
 
     def __init__(self, name: str, version, labels: dict | None, queries_rot: np.ndarray, q_embed: np.ndarray):
-        import faiss
-
         self.name, self.version, self.labels = name, version, labels
         self.unseen: set[str] = set()  # labelled queries whose relevant documents no training query cites
         self.q_embed = q_embed                 # (Q, D) encoder embeddings
@@ -122,14 +126,10 @@ class Corpus:
         ivf.nprobe = min(NPROBE, nlist)
         self.nlist = nlist
         del prefixes, train
-        from engine.index import IndexVersion
-
         self.ivf_version = IndexVersion(version.path, version.manifest, version.rotation, version.docs,
                                         version.doc_sqnorm_m0, version.doc_ids, ivf, version.routers)
 
     def memory(self) -> dict:
-        import faiss
-
         v = self.version
         ids = sum(len(s) for s in v.doc_ids[:1000]) / min(1000, len(v.doc_ids)) * len(v.doc_ids)
         common = {"docs_bytes": int(v.docs.shape[0] * v.docs.shape[1] * 4), "rotation_bytes": int(v.rotation.nbytes),
@@ -156,8 +156,6 @@ def run_baseline(c: Corpus, n_queries: int):
 
 def run_policy(c: Corpus, version, width, n_queries: int, ivf: bool):
     """One policy through IndexVersion.search: per query (ids, work, width, escalated), latencies, stage-1 seconds."""
-    import faiss
-
     out, lat, s1 = [], [], []
     for i in range(n_queries):
         if ivf:
@@ -195,7 +193,7 @@ def saturation_qps(fn, n_queries: int, seconds: float, threads: int) -> float:
 
 def quality(c: Corpus, ids_per_query: list[list[str]], exact_ids: list[list[str]], qids: list[str]) -> dict:
     if c.labels is not None:
-        nd = np.array([ndcg_at_k(ids, c.labels[q], 10) for ids, q in zip(ids_per_query, qids)])
+        nd = ranking_metric(ids_per_query, [c.labels[q] for q in qids[:len(ids_per_query)]], "ndcg", 10)
         unseen = np.array([q in c.unseen for q in qids[:len(nd)]])
         return {"ndcg@10": float(nd.mean()), "ndcg@10_unseen": float(nd[unseen].mean()) if unseen.any() else None}
     ov = [len(set(a[:K]) & set(b[:K])) / K for a, b in zip(ids_per_query, exact_ids)]
@@ -252,8 +250,6 @@ def bench_corpus(c: Corpus, qids: list[str], n_queries: int, sat_seconds: float,
 
 def faiss_settings(c: Corpus, n: int = 30) -> dict:
     """Full-width flat scan: one query on 1 vs 2 OpenMP threads; a batch of 64 with the default BLAS threshold vs 20."""
-    import faiss
-
     out = {"documents": c.N}
     for th in (1, 2):
         faiss.omp_set_num_threads(th)
@@ -279,11 +275,6 @@ def faiss_settings(c: Corpus, n: int = 30) -> dict:
 
 def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], labels: dict, sat_seconds: float,
                concurrency: int, log) -> dict:
-    from adawidth_client import NO_RETRY, Client
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from demo import free_port, start_gateway, wait_ready  # the demo's gateway launcher
-
     os.environ.setdefault("ADAWIDTH_ENCODER_THREADS", "1")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -296,16 +287,17 @@ def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], l
                 client.search(texts[i], k=K, width="auto")
             for label, width in (("exact full width (gateway `full`, numpy scan)", "full"),
                                  (f"static funnel 64 -> {FUNNEL_WIDTH}", FUNNEL_WIDTH), ("auto", "auto")):
-                lat, nd, work = [], [], []
+                lat, ranked, work = [], [], []
                 for text, q in zip(texts, qids):
                     t = time.perf_counter()
                     res = client.search(text, k=K, width=width)
                     lat.append(time.perf_counter() - t)
-                    nd.append(ndcg_at_k(res.ids, labels[q], 10))
+                    ranked.append(res.ids)
                     work.append(res.trace.coordinates_scored)
                 qps = asyncio.run(_http_saturation(base, texts, width, sat_seconds, concurrency))
                 row = {"policy": label, "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "p99_ms": pct(lat, 99),
-                       "ndcg@10": float(np.mean(nd)), "coordinates_per_query": float(np.mean(work)),
+                       "ndcg@10": float(ranking_metric(ranked, [labels[q] for q in qids[:len(ranked)]], "ndcg", 10).mean()),
+                       "coordinates_per_query": float(np.mean(work)),
                        "qps_saturation": qps}
                 rows.append(row)
                 log(f"  HTTP {label}: p50 {row['p50_ms']:.1f} ms, {qps:.0f} q/s")
@@ -321,11 +313,6 @@ def http_bench(home: Path, collection: str, texts: list[str], qids: list[str], l
 
 
 async def _http_saturation(base: str, texts: list[str], width, seconds: float, concurrency: int) -> float:
-    """Answered searches per second with ``concurrency`` clients in flight (refusals count as nothing, no retry)."""
-    import httpx
-
-    from adawidth_client import NO_RETRY, ApiError, AsyncClient
-
     done = [0]
     stop = time.monotonic() + seconds
 
@@ -350,21 +337,14 @@ async def _http_saturation(base: str, texts: list[str], width, seconds: float, c
 
 def synthetic_version(scifact, n: int, seed: int):
     """An in-memory index version of ``n`` synthetic documents with SciFact's rotation, m0, shortlist and routers."""
-    import faiss
-
-    from engine.index import IndexVersion
-
     R = np.asarray(scifact.rotation, dtype=np.float64)
     X_raw = np.asarray(scifact.docs, dtype=np.float64) @ R  # docs.npy holds R x; R orthogonal
     model = fit_gaussian(X_raw)
     docs = sample_corpus(model, n, seed=seed, rotation=R)
     m0 = scifact.m0
-    sq = np.einsum("ij,ij->i", docs[:, :m0], docs[:, :m0]).astype(np.float32)
-    stage1 = faiss.IndexFlatIP(m0)
-    stage1.add(prefix_normalize(docs[:, :m0], m0))
-    manifest = dict(scifact.manifest, version=f"synthetic-{n}", collection=f"synthetic-{n}")
-    return IndexVersion(scifact.path, manifest, scifact.rotation, docs, sq, [str(i) for i in range(n)], stage1,
-                        scifact.routers), model
+    manifest = scifact.manifest.model_copy(update={"version": f"synthetic-{n}", "collection": f"synthetic-{n}"})
+    return IndexVersion(scifact.path, manifest, scifact.rotation, docs, doc_sqnorm(docs, m0), [str(i) for i in range(n)],
+                        stage1_index(docs, m0), scifact.routers), model
 
 
 def render_markdown(r: dict) -> str:
@@ -441,12 +421,6 @@ def main(argv=None) -> int:
     p.add_argument("--stem", default="latency")
     args = p.parse_args(argv)
 
-    import faiss
-
-    from engine.encoder import OnnxEncoder
-    from engine.index import IndexVersion, resolve_version_path
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     faiss.omp_set_num_threads(1)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.time()
@@ -521,7 +495,7 @@ def main(argv=None) -> int:
                                     f"{a_ivf['p50_ms']:.2f} ms = {a_ivf['p50_ratio']:.3f} × with IVF stage 1",
                         "met": bool(a_flat["p50_ratio"] <= 0.5)})
     result = {
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/latency.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("latency", argv, env="OMP_NUM_THREADS=1"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
         "faiss_version": faiss.__version__, "threads": args.threads, "index_version": scifact.version,
@@ -556,10 +530,8 @@ def main(argv=None) -> int:
             "also re-runs 5 % of queries at full width in a background thread (online CUS), for every policy alike.",
         ],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.stem}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     md = render_markdown(result)
-    (args.out / f"{args.stem}.md").write_text(md, encoding="utf-8")
+    write_results(args.out / args.stem, result, md)
     print(md)
     return 0
 

@@ -16,7 +16,7 @@ the training queries are ranked through cross-fitted adapters (as ``trainer buil
 
 Usage::
 
-    .venv/bin/python bench/router_targets.py --dataset data/scifact --rotation adapter
+    .venv/bin/python -m bench.router_targets --dataset data/scifact --rotation adapter
 
 Writes ``bench/results/router_targets/<collection>_<rotation>.{json,md}``.
 """
@@ -29,17 +29,17 @@ import sys
 import time
 from pathlib import Path
 
+import lightgbm as lgb
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from adawidth.funnel import exact_stage1_batch, resolve  # noqa: E402
-from adawidth.metrics import ndcg_at_k  # noqa: E402
-from adawidth.prefix import prefix_normalize  # noqa: E402
-from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate  # noqa: E402
-from funnels import learned_rotation, load_embedded  # noqa: E402
+from adawidth.funnel import exact_stage1_batch, resolve
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import prefix_normalize, top_k
+from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
+from bench.common import ROOT
+from bench.funnels import add_run_arguments, learned_rotation, load_embedded
+from engine.io import atomic
+from trainer.router_fit import LGB_PARAMS, NUM_ROUNDS
 
 RHOS = (0.1, 0.2, 0.3, 0.5)
 TARGETS = ("gain", "improves", "top10_moves", "changes")
@@ -49,15 +49,10 @@ def widths_outcome(Xr, Qr, judgments, doc_ids, m0, C, pair):
     """Stage-1 scores (Q, C), NDCG@10 at l and h (Q,), and top-10 overlap between l and h (Q,)."""
     sq = np.einsum("ij,ij->i", Xr[:, :m0], Xr[:, :m0])
     rows, sc = exact_stage1_batch(Qr, prefix_normalize(Xr, m0), m0, C)
-    nd = np.empty((len(Qr), 2))
-    overlap = np.empty(len(Qr))
-    for i in range(len(Qr)):
-        tops = []
-        for j, w in enumerate(pair):
-            r = resolve(Qr[i], Xr, sq, rows[i], sc[i], m0=m0, k=10, width=w)
-            tops.append(set(r.rows.tolist()))
-            nd[i, j] = ndcg_at_k([doc_ids[x] for x in r.rows], judgments[i], 10)
-        overlap[i] = len(tops[0] & tops[1]) / 10.0
+    tops = [[resolve(Qr[i], Xr, sq, rows[i], sc[i], m0=m0, k=10, width=w).rows for i in range(len(Qr))]
+            for w in pair]
+    nd = np.stack([ranking_metric(t, judgments, "ndcg", 10, doc_ids) for t in tops], axis=1).reshape(len(Qr), 2)
+    overlap = np.array([len(set(a.tolist()) & set(b.tolist())) / 10.0 for a, b in zip(*tops)])
     return sc, nd, overlap
 
 
@@ -69,10 +64,6 @@ def target_of(name, nd, overlap):
 
 def fit_oof(F, y, binary, seed=0, folds=5):
     """The served router's LightGBM settings (trainer.router_fit), as a regressor or a binary classifier."""
-    import lightgbm as lgb
-
-    from trainer.router_fit import LGB_PARAMS, NUM_ROUNDS
-
     params = dict(LGB_PARAMS, objective="binary" if binary else "regression", seed=seed)
 
     def train(a, b):
@@ -93,11 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", nargs="+", default=["64,128", "64,256"])
     p.add_argument("--m0", type=int, default=64)
     p.add_argument("--shortlist", type=int, default=500)
-    p.add_argument("--crossfit-folds", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--home", type=Path, default=ROOT / "var")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "router_targets")
-    p.add_argument("--seed", type=int, default=0)
+    add_run_arguments(p, ROOT / "bench" / "results" / "router_targets")
     args = p.parse_args(argv)
     t0 = time.time()
     emb = load_embedded(args.dataset, args.home, args.collection)
@@ -138,7 +125,7 @@ def main(argv=None) -> int:
                 rate = float(esc.mean())
                 k = int(round(rate * len(gain_te)))
                 oracle = nd_te[:, 0].copy()
-                top = np.argsort(-gain_te, kind="stable")[:k]
+                top = top_k(gain_te, k)
                 oracle[top] = nd_te[top, 1]
                 rows.append({"target": name, "rho": rho, "realised_rate": rate, "ndcg@10": float(per_q.mean()),
                              "ndcg@10_unseen": float(per_q[unseen].mean()),
@@ -148,13 +135,13 @@ def main(argv=None) -> int:
         results[f"{pair[0]},{pair[1]}"] = {"low": float(nd_te[:, 0].mean()), "high": float(nd_te[:, 1].mean()),
                                            "share_improving": float((gain_te > 0).mean()),
                                            "share_worsening": float((gain_te < 0).mean()), "rows": rows}
-    out = {"command": f"python bench/router_targets.py --dataset {args.dataset} --rotation {args.rotation}",
+    out = {"command": f"python -m bench.router_targets --dataset {args.dataset} --rotation {args.rotation}",
            "collection": emb.name, "rotation": args.rotation, "m0": args.m0, "shortlist": args.shortlist,
            "train_queries": n, "crossfit_folds": folds, "test_queries": len(emb.test_ids),
            "unseen_queries": int(unseen.sum()), "pairs": results, "seconds": round(time.time() - t0, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{emb.name}_{args.rotation}"
-    (args.out / f"{stem}.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.json", json.dumps(out, indent=1))
     md = [f"# Router targets on {emb.name}, rotation `{args.rotation}`", "",
           f"Stage 1 at m0 = {args.m0}, shortlist {args.shortlist}; routers fitted on {n} train queries"
           + (f" ranked through {folds}-fold cross-fitted adapters" if folds > 1 else "")
@@ -171,7 +158,7 @@ def main(argv=None) -> int:
                       f"{x['ndcg@10']:.4f} | {x['random_same_rate']:.4f} | {x['oracle_same_rate']:.4f} | "
                       f"{x['ndcg@10'] - x['random_same_rate']:+.4f} | {x['ndcg@10_unseen']:.4f} |")
         md.append("")
-    (args.out / f"{stem}.md").write_text("\n".join(md), encoding="utf-8")
+    atomic.write_text(args.out / f"{stem}.md", "\n".join(md))
     print("\n".join(md))
     return 0
 

@@ -18,7 +18,7 @@ write exceeds ``--write-budget-s`` stops the ladder (reported, with the reason).
 
 Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/stage1_backends.py --sizes scifact 100000 1000000 --server
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.stage1_backends --sizes scifact 100000 1000000 --server
 
 Writes ``bench/results/stage1_backends.{json,md}``.
 """
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,13 +37,22 @@ import threading
 import time
 from pathlib import Path
 
+import faiss
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.version import store  # noqa: E402
-from adawidth.prefix import prefix_normalize  # noqa: E402
+from adawidth.prefix import prefix_normalize
+from adawidth.synthetic import fit_gaussian, sample_corpus
+from bench.common import ROOT, command
+from engine.encoder import OnnxEncoder
+from engine.index import IndexVersion
+from engine.io import atomic
+from engine.io.beir import load_collection
+from engine.stage1 import Stage1Provider
+from engine.version import files, store
+from engine.version.manifest import CoreSection, read_manifest
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.milvus_stage1 import write_version
 
 
 def rss_bytes(pid: int | None = None) -> int:
@@ -66,11 +76,6 @@ def tree_rss_bytes(pid: int) -> int:
 
 def scifact_inputs(home: Path, encoder_dir: Path):
     """(version dir of a PCA SciFact version with a (64,128) router, test-query embeddings (Q, D), PCA R)."""
-    from engine.io.beir import load_collection
-    from engine.encoder import OnnxEncoder
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     encoder = OnnxEncoder(encoder_dir, threads=1)
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=ROOT / "var" / "cache" / "embeddings.sqlite").resolved()
@@ -85,10 +90,6 @@ def scifact_inputs(home: Path, encoder_dir: Path):
 
 def synthetic_version(root: Path, n: int, X_fit: np.ndarray, R: np.ndarray, m0: int = 64, seed: int = 0) -> Path:
     """Write an index version of ``n`` documents from the Gaussian fitted to ``X_fit`` ((N, D) unit rows)."""
-    import faiss
-
-    from adawidth.synthetic import fit_gaussian, sample_corpus
-
     D = X_fit.shape[1]
     model = fit_gaussian(X_fit)
     tmp = root / f"synthetic-{n}-parts"
@@ -103,13 +104,16 @@ def synthetic_version(root: Path, n: int, X_fit: np.ndarray, R: np.ndarray, m0: 
         sq[s:s + len(Xr)] = np.einsum("ij,ij->i", Xr[:, :m0], Xr[:, :m0])
     docs.flush()
     del docs
-    writers = {"rotation.npy": lambda p: np.save(p, R.astype(np.float32)),
-               "docs.npy": lambda p: os.replace(tmp / "docs.npy", p),
-               "doc_sqnorm_m0.npy": lambda p: np.save(p, sq),
-               "doc_ids.json": lambda p: p.write_text(json.dumps([f"s{i}" for i in range(n)])),
-               "stage1.faiss": lambda p: faiss.write_index(index, str(p))}
+    core = CoreSection()  # the core files streamed here (the documents are moved, not copied)
+    writers = {core.rotation: lambda p: np.save(p, R.astype(np.float32)),
+               core.docs: lambda p: os.replace(tmp / "docs.npy", p),
+               core.doc_sqnorm_m0: lambda p: np.save(p, sq),
+               core.doc_ids: lambda p: p.write_text(json.dumps([f"s{i}" for i in range(n)]))}
+    s1, stage1 = files.stage1_files(np.empty((0, m0), np.float32), m0, index=index)
+    writers.update(s1)
     manifest = {"collection": "synthetic", "encoder": {"onnx_sha256": "synthetic"}, "dimension": D, "m0": m0,
-                "shortlist": 500, "adapter": {"kind": "pca", "sha256": f"gaussian-{n}-{seed}"}, "router": None,
+                "shortlist": 500, "core": core, "stage1": stage1,
+                "adapter": {"kind": "pca", "sha256": f"gaussian-{n}-{seed}"}, "router": None,
                 "corpus": {"documents": n, "source": "384-d Gaussian fitted to SciFact document embeddings"}}
     return store.write_version(root / "synthetic", f"n{n}", writers, manifest)
 
@@ -155,8 +159,6 @@ def time_backend(version, Q: np.ndarray, width, threads: int, rounds: int = 1) -
 
 def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
     """A Milvus Lite gRPC server process on a free port; returns (process, uri)."""
-    import socket
-
     from pymilvus import MilvusClient
 
     with socket.socket() as s:
@@ -180,11 +182,7 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 
 def bench_corpus(label: str, path: Path, Q: np.ndarray, width, args, work: Path) -> dict:
-    from engine.index import IndexVersion
-    from engine.stage1 import Stage1Provider
-    from trainer.milvus_stage1 import write_version
-
-    row = {"corpus": label, "documents": store.read_manifest(path)["corpus"]["documents"], "width": width,
+    row = {"corpus": label, "documents": read_manifest(path).corpus.documents, "width": width,
            "queries": len(Q)}
     base_rss = rss_bytes()
     vf = IndexVersion.load(path)
@@ -305,8 +303,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stage1_backends")
     p.add_argument("--workdir", type=Path, help="scratch folder (default a temporary one)")
     args = p.parse_args(argv)
-    import faiss
-
     faiss.omp_set_num_threads(1)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="stage1-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -329,8 +325,7 @@ def main(argv=None) -> int:
         print(json.dumps({k: v for k, v in row.items()}, default=str), flush=True)
         if row.pop("stop", False):
             break
-    report = {"command": "OMP_NUM_THREADS=1 .venv/bin/python " + " ".join([
-        "bench/stage1_backends.py", *sys.argv[1:]]), "threads": args.threads,
+    report = {"command": command("stage1_backends", env="OMP_NUM_THREADS=1"), "threads": args.threads,
               "machine": f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
                          f"load average {os.getloadavg()[0]:.1f} at the end (a shared machine)",
               "note": "Latency is IndexVersion.search without the encoder: rotation, stage 1, routing and rescoring "
@@ -340,8 +335,8 @@ def main(argv=None) -> int:
               "rows": rows, "conclusion": ""}
     report["conclusion"] = conclusion(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=str))
-    args.out.with_suffix(".md").write_text(markdown(report))
+    atomic.write_text(args.out.with_suffix(".json"), json.dumps(report, indent=2, default=str))
+    atomic.write_text(args.out.with_suffix(".md"), markdown(report))
     print(markdown(report))
     return 0
 

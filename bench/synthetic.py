@@ -7,8 +7,8 @@ corpus larger than memory can be produced.
 
 Usage::
 
-    .venv/bin/python bench/synthetic.py --home var --collection scifact --n 1000000 --out /tmp/syn1m.npy
-    .venv/bin/python bench/synthetic.py --version-dir var/indexes/scifact/VERSION --n 100000 --rotated --out x.npy
+    .venv/bin/python -m bench.synthetic --home var --collection scifact --n 1000000 --out /tmp/syn1m.npy
+    .venv/bin/python -m bench.synthetic --version-dir var/indexes/scifact/VERSION --n 100000 --rotated --out x.npy
 
 In Python (what ``bench/latency.py`` does)::
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
+from adawidth.synthetic import fit_gaussian, sample_corpus
+from bench.common import ROOT
+from engine.io import atomic
+from engine.version.store import resolve_version_path
 
 
 def main(argv=None) -> int:
@@ -44,8 +44,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output .npy (float32, shape (n, D))")
     args = p.parse_args(argv)
 
-    from engine.index import resolve_version_path
-
     path = args.version_dir or resolve_version_path(args.home / "indexes", args.collection, None)
     R = np.load(path / "rotation.npy").astype(np.float64)
     X = np.load(path / "docs.npy", mmap_mode="r").astype(np.float64) @ R  # rows R x -> x (R orthogonal)
@@ -56,7 +54,7 @@ def main(argv=None) -> int:
     meta = {"source_version": str(path), "n": args.n, "seed": args.seed, "rotated": args.rotated,
             "fitted_on": model.n_fitted, "eigenvalue_share_first_64": float(model.eigenvalues[:64].sum()
                                                                            / model.eigenvalues.sum())}
-    args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    atomic.write_text(args.out.with_suffix(".json"), json.dumps(meta, indent=1))
     print(json.dumps(meta))
     return 0
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
 
 
 class EncoderNotFoundError(FileNotFoundError):
@@ -34,13 +36,12 @@ class EncoderInfo:
     tokenizer_sha256: str
 
     def as_manifest(self) -> dict:
+        """The manifest's ``encoder`` section: every field of ``encoder.json`` this dataclass holds."""
         return dict(self.__dict__)
 
 
 def available_providers(prefer_gpu: bool = True) -> list[str]:
     """ONNX Runtime execution providers to use, CUDA first when present and wanted."""
-    import onnxruntime as ort
-
     have = ort.get_available_providers()
     wanted = (["CUDAExecutionProvider"] if prefer_gpu else []) + ["CPUExecutionProvider"]
     return [p for p in wanted if p in have] or ["CPUExecutionProvider"]
@@ -53,8 +54,6 @@ def onnx_session(path: Path, threads: int = 0, prefer_gpu: bool = True, spin: bo
         threads: intra-op threads (0 = ONNX Runtime's default; inter-op is then 1).
         spin: let idle intra-op threads busy-wait (fastest for bulk work; the gateway turns it off).
     """
-    import onnxruntime as ort
-
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
@@ -85,8 +84,6 @@ class OnnxEncoder:
 
     def __init__(self, export_dir: Path | str, *, threads: int = 0, prefer_gpu: bool = True,
                  max_tokens: int | None = None, spin: bool = True):
-        from tokenizers import Tokenizer
-
         export_dir = Path(export_dir)
         meta_path = export_dir / "encoder.json"
         if not meta_path.is_file() or not (export_dir / "model.onnx").is_file():
@@ -101,6 +98,7 @@ class OnnxEncoder:
 
     @property
     def dimension(self) -> int:
+        """Encoder width D (384 for all-MiniLM-L6-v2)."""
         return self.info.dimension
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:

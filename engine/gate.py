@@ -28,6 +28,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from adawidth.metrics import per_query
+from engine.io.beir import load_qrels, load_queries
+
 GATE_FILE = "gate.json"
 
 
@@ -72,8 +75,6 @@ class HeldOut:
 
 def held_out_queries(cfg: GateConfig) -> HeldOut:
     """Read the gate's queries (and labels).  Raises :class:`engine.io.beir.DatasetFormatError`."""
-    from engine.io.beir import load_qrels, load_queries
-
     queries = load_queries(cfg.dataset)
     qrels = load_qrels(cfg.dataset, cfg.split) if cfg.split else {}
     ids = sorted(q for q in (qrels if cfg.split else queries) if q in queries
@@ -95,8 +96,6 @@ def evaluate_gate(cfg: GateConfig, live, candidate, embeddings: np.ndarray, held
         "live": {...}, "candidate": {...}, "top10_overlap": float, "top1_agreement": float}``;
         scores are means over the queries (NDCG@10 in [0, 1], higher is better).
     """
-    from adawidth.metrics import per_query
-
     if len(held.ids) == 0:
         return {"passed": False, "reason": "quality_gate: no held-out queries", "queries": 0}
     width = cfg.width

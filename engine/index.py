@@ -1,17 +1,16 @@
 """A loaded, verified, immutable index version and its query path.
 
-:meth:`IndexVersion.load` verifies the manifest's checksums and the encoder
-and dimension it was built with before reading anything else; documents are
-memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through
-stage 1 (a :class:`engine.stage1.Stage1Backend`: faiss in process by default,
-or Milvus) and :func:`adawidth.funnel.resolve`, which routes and rescores the
-shortlist here whatever the backend.
+:meth:`IndexVersion.load` verifies the version (:func:`engine.version.manifest.verify`: checksums, encoder,
+max tokens, dimension, router features, collection) before reading anything else, then reads each file
+through the format's readers (:mod:`engine.version.files`, :mod:`engine.version.lexical`); documents are
+memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through stage 1 (a
+:class:`engine.stage1.Stage1Backend`: faiss in process by default, or Milvus) and
+:func:`adawidth.funnel.resolve`, which routes and rescores the shortlist here whatever the backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,12 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import stage1_policy
-from engine.version import store
 from adawidth.blocked import BlockedCorpus
 from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
-from adawidth.router import threshold_for_rate
+from adawidth.router import FEATURE_NAMES, threshold_for_rate
+from engine.lexical import LexicalIndex
 from engine.stage1 import ExactStage1, FaissStage1, Shortlist
+from engine.version import files
+from engine.version.manifest import (SCHEMA_VERSION, CorpusSection, EncoderSection, Expect, Manifest, RouterSection,
+                                     verify)
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Router:
     _thresholds: dict = field(default_factory=dict)
 
     def predict(self, features: np.ndarray) -> float:
+        """Predicted NDCG@10 gain of escalating, for one (18,) float64 feature row (thread-safe)."""
         with self.lock:
             return float(self.booster.predict(features[None, :])[0])
 
@@ -63,6 +66,7 @@ class FunnelPolicy:
         self.work = np.array([c.work(self.corpus.N) for c in self.grid], dtype=np.float64)  # per query, reused
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
+        """Predicted agreement of each (K, 26) design row, (K,) float64 (thread-safe)."""
         with self.lock:
             return self.booster.predict(rows)
 
@@ -86,38 +90,15 @@ class SearchOutcome:
     rows: list[int] = field(default_factory=list)
 
 
-def _load_tiers(path: Path, manifest: dict, n_docs: int) -> tuple[list[str] | None, np.ndarray | None]:
-    """The encoder texts (``manifest["rerank"]["text_file"]``) and the difficulty head
-    (``manifest["tiers"]["head"]["file"]``, shape (T, D)) of a version, each None when it was built without them.
-
-    Raises:
-        engine.version.store.IndexVersionError: a file whose shape disagrees with the manifest.
-    """
-    from adawidth.tiers import TIERS
-
-    texts = head = None
-    rerank = manifest.get("rerank") or {}
-    if rerank.get("text_file"):
-        texts = json.loads((path / rerank["text_file"]).read_text(encoding="utf-8"))
-        if not isinstance(texts, list) or len(texts) != n_docs:
-            raise store.IndexVersionError("schema", f"{rerank['text_file']} does not hold {n_docs} texts")
-    meta = (manifest.get("tiers") or {}).get("head")
-    if meta:
-        head = np.load(path / meta["file"]).astype(np.float32)
-        if head.shape != (len(TIERS), manifest["dimension"]) or list(meta.get("classes", TIERS)) != list(TIERS):
-            raise store.IndexVersionError("schema", f"{meta['file']} is not a ({len(TIERS)}, D) head over {TIERS}")
-    return texts, head
-
-
 class IndexVersion:
-    """One immutable, loaded version (see :mod:`engine.version.store` for the files)."""
+    """One immutable, loaded version (its files: :mod:`engine.version.manifest`)."""
 
-    def __init__(self, path: Path, manifest: dict, rotation: np.ndarray, docs: np.ndarray,
+    def __init__(self, path: Path, manifest: Manifest, rotation: np.ndarray, docs: np.ndarray,
                  doc_sqnorm_m0: np.ndarray, doc_ids: list[str], stage1_index, routers: dict,
                  funnel_policy: FunnelPolicy | None = None, lexical=None, stage1=None):
         self.path, self.manifest = path, manifest
-        self.version: str = manifest["version"]
-        self.collection: str = manifest["collection"]
+        self.version: str = manifest.version
+        self.collection: str = manifest.collection
         self.rotation = rotation
         self.docs = docs
         self.doc_sqnorm_m0 = doc_sqnorm_m0
@@ -126,13 +107,13 @@ class IndexVersion:
         self.stage1 = stage1 if stage1 is not None else FaissStage1(stage1_index, docs, doc_sqnorm_m0)
         self.routers: dict[tuple[int, int], Router] = routers
         self.funnel_policy = funnel_policy
-        self.m0: int = manifest["m0"]
-        self.shortlist: int = manifest["shortlist"]
-        self.dimension: int = manifest["dimension"]
-        self.theta: float = manifest.get("theta", 0.05)
-        r = manifest.get("router") or {}
-        self.default_pair = tuple(r["default_pair"]) if r.get("default_pair") else None
-        self.default_rho: float = r.get("default_rho", 0.2)
+        self.m0: int = manifest.m0
+        self.shortlist: int = manifest.shortlist
+        self.dimension: int = manifest.dimension
+        self.theta: float = manifest.theta
+        r = manifest.router
+        self.default_pair = tuple(r.default_pair) if r is not None and r.default_pair else None
+        self.default_rho: float = r.default_rho if r is not None else 0.2
         self.lexical = lexical  # engine.lexical.LexicalIndex, None for versions built without it
         self.texts: list[str] | None = None  # encoder texts of the documents (DART rerank tiers), when built with them
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
@@ -140,70 +121,57 @@ class IndexVersion:
         self.recall_policy = None  # engine.recall.RecallPolicy: per-query confidence of policy 'recall'
         self.level_threads = 1  # kernel threads of one query's level scan (the gateway sets it from N and cores)
         # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
-        self.manifest_default_policy: str | None = (manifest.get("policy") or {}).get("default") or (
+        self.manifest_default_policy: str | None = (manifest.policy.default if manifest.policy is not None else None) or (
             "funnel" if funnel_policy is not None else "router" if routers else None)
 
     @property
     def size(self) -> int:
+        """Documents N of the version."""
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, path: Path | str, *, encoder_sha256: str | None = None, dimension: int | None = None,
-             stage1=None) -> "IndexVersion":
+    def load(cls, path: Path | str, *, expect: Expect = Expect(), stage1=None) -> "IndexVersion":
         """Verify and load a version directory.
 
         Args:
+            path: the version directory.
+            expect: what the caller runs (:meth:`engine.version.manifest.Expect.of_encoder`); the default checks
+                only the version's own consistency and this build's router features.
             stage1: a :class:`engine.stage1.Stage1Provider` (None: faiss in process from ``stage1.faiss``).
 
         Raises:
-            engine.version.store.IndexVersionError: missing manifest, bad checksum,
-                encoder or dimension mismatch.
+            engine.version.manifest.IndexVersionError: every refusal of :func:`engine.version.manifest.verify`,
+                and ``schema`` / ``dimension_mismatch`` for a file whose contents disagree with the manifest.
             engine.stage1.Stage1Unavailable: the provider cannot serve this version (e.g. no Milvus collection).
         """
-        import faiss
-        import lightgbm as lgb
-
         path = Path(path)
-        manifest = store.verify_version(path, encoder_sha256=encoder_sha256, dimension=dimension)
-        docs = np.load(path / "docs.npy", mmap_mode="r")
-        doc_ids = json.loads((path / "doc_ids.json").read_text(encoding="utf-8"))
-        if docs.shape != (len(doc_ids), manifest["dimension"]):
-            raise store.IndexVersionError("dimension_mismatch", f"docs.npy has shape {docs.shape}")
-        routers = {}
-        for meta in (manifest.get("router") or {}).get("pairs", {}).values():
-            pair = tuple(meta["action_pair"])
-            booster = lgb.Booster(model_file=str(path / meta["file"]))
-            if booster.feature_name() != manifest["router"]["feature_names"]:
-                raise store.IndexVersionError("schema", f"{meta['file']} feature names differ from the manifest")
-            routers[pair] = Router(pair, booster, np.asarray(meta["calibration_predictions"], dtype=np.float64))
-        sqnorm = np.load(path / "doc_sqnorm_m0.npy")
+        manifest = verify(path, expect)
+        core = files.read_core(path, manifest)
+        routers = {pair: Router(pair, r.booster, r.calibration) for pair, r in files.read_routers(path, manifest).items()}
         in_process = stage1 is None or stage1.kind == "faiss"
         policy = None
-        meta = manifest.get("stage1_policy")
         # the per-query funnel policy scans blocks of the whole corpus in process; with stage 1 on an external
         # engine (one m0-prefix field) the version serves 'auto' through its width router instead
-        if meta and in_process:
-            booster = lgb.Booster(model_file=str(path / meta["file"]))
-            if booster.feature_name() != list(meta["feature_names"]) or meta["block"] != stage1_policy.BLOCK:
-                raise store.IndexVersionError("schema", f"{meta['file']} does not match this gateway's funnel policy")
-            policy = FunnelPolicy(booster, [stage1_policy.Config(**c) for c in meta["grid"]], float(meta["tau"]),
-                                  BlockedCorpus(np.asarray(docs), meta["block"]))
-        rotation = np.load(path / "rotation.npy")
-        if (manifest.get("cars") or {}).get("query_map_file"):
+        if in_process:
+            fp = files.read_funnel_policy(path, manifest)
+            if fp is not None:
+                policy = FunnelPolicy(fp.booster, fp.grid, fp.tau, BlockedCorpus(np.asarray(core.docs), fp.block))
+        rotation = core.rotation
+        query_map = files.read_cars_query_map(path, manifest)
+        if query_map is not None:
             # CARS (docs/METHOD.md): documents were stored through the doc map; queries go through the
             # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
             # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
-            rotation = (rotation.astype(np.float64) @ np.load(path / manifest["cars"]["query_map_file"])).astype(np.float32)
-        from engine.lexical import LexicalIndex
-
+            rotation = (rotation.astype(np.float64) @ query_map).astype(np.float32)
         lexical = LexicalIndex.load(path, manifest)
         if in_process:
-            version = cls(path, manifest, rotation, docs, sqnorm, doc_ids,
-                          faiss.read_index(str(path / "stage1.faiss")), routers, policy, lexical)
+            version = cls(path, manifest, rotation, core.docs, core.doc_sqnorm_m0, core.doc_ids,
+                          files.read_stage1_index(path, manifest), routers, policy, lexical)
         else:
-            version = cls(path, manifest, rotation, docs, sqnorm, doc_ids, None, routers, None, lexical,
-                          stage1=stage1.attach(path, manifest, docs, sqnorm))
-        version.texts, version.tier_head = _load_tiers(path, manifest, len(doc_ids))
+            version = cls(path, manifest, rotation, core.docs, core.doc_sqnorm_m0, core.doc_ids, None, routers, None,
+                          lexical, stage1=stage1.attach(path, manifest, core.docs, core.doc_sqnorm_m0))
+        version.texts = files.read_rerank_texts(path, manifest)
+        version.tier_head = files.read_tier_head(path, manifest)
         return version
 
     @classmethod
@@ -229,20 +197,18 @@ class IndexVersion:
             backend: ``exact`` (brute-force numpy stage 1, the reference) or ``faiss`` (an ``IndexFlatIP`` over
                 the normalised m0-prefixes, as served).
         """
-        import faiss
-
         X_rot = np.ascontiguousarray(X_rot, dtype=np.float32)
         N, D = X_rot.shape
-        sq = np.einsum("ij,ij->i", X_rot[:, :m0], X_rot[:, :m0]).astype(np.float32)
-        router_meta = {"default_pair": list(default_pair) if default_pair else None, "default_rho": default_rho}
-        manifest = {"version": version, "collection": collection, "m0": m0, "shortlist": shortlist, "dimension": D,
-                    "theta": theta, "router": router_meta, "corpus": {"documents": N}}
+        sq = files.doc_sqnorm(X_rot, m0)
+        manifest = Manifest(schema_version=SCHEMA_VERSION, version=version, collection=collection,
+                            encoder=EncoderSection(onnx_sha256="in-memory"), dimension=D, m0=m0, shortlist=shortlist,
+                            theta=theta, corpus=CorpusSection(documents=N),
+                            router=RouterSection(feature_names=list(FEATURE_NAMES), default_rho=default_rho,
+                                                 default_pair=tuple(default_pair) if default_pair else None))
         if backend == "exact":
             stage1, index = ExactStage1(X_rot, sq, m0), None
         elif backend == "faiss":
-            index = faiss.IndexFlatIP(m0)
-            index.add(prefix_normalize(X_rot, m0))
-            stage1 = None
+            index, stage1 = files.stage1_index(X_rot, m0), None
         else:
             raise ValueError(f"backend must be 'exact' or 'faiss', got {backend!r}")
         v = cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
@@ -358,19 +324,3 @@ class IndexVersion:
         norms = np.linalg.norm(d, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
         return (d @ q) / np.maximum(norms, 1e-12)
 
-
-def resolve_version_path(index_root: Path, collection: str, version: str | None) -> Path:
-    """The directory of ``version``, or of the collection's LIVE version when None.
-
-    Raises:
-        engine.version.store.IndexVersionError: ``missing`` when there is no such version or no LIVE pointer.
-    """
-    coll = Path(index_root) / collection
-    version = version or store.read_live_pointer(coll)
-    if version is None:
-        raise store.IndexVersionError("missing", f"collection {collection!r} under {index_root} has no live version "
-                                                    f"(build one: python -m trainer build --dataset ...)")
-    path = coll / version
-    if not path.is_dir():
-        raise store.IndexVersionError("missing", f"no version {version!r} in {coll}")
-    return path

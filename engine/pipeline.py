@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.candidates import Candidates
+from adawidth.tiers import RERANK_DEPTH
 from engine.plan import Capabilities, Plan, PlanDefaults, SearchSpec, resolve_plan
 from engine.stages import STAGES
 from engine.stages.encode import encode
@@ -30,7 +30,6 @@ from engine.stages.rescore import rescore
 from engine.stages.rotate import rotate
 from engine.stages.route import route
 from engine.stages.stage1 import allowed_mask, stage1
-from adawidth.tiers import RERANK_DEPTH
 
 __all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
 

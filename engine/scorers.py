@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from adawidth.tiers import maxsim, normalize_rows
 from engine.encoder import onnx_session
@@ -36,8 +37,6 @@ class CrossEncoderNotFoundError(FileNotFoundError):
 def pair_tokenizer(tokenizer_file: Path | str, max_tokens: int):
     """A ``tokenizers`` tokenizer for (query, document) pairs: ``[CLS] q [SEP] d [SEP]`` with token types 0/1,
     truncated longest-first to ``max_tokens`` (so the document is cut first) and padded to the batch's longest."""
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(tokenizer_file))
     tok.enable_truncation(max_length=max_tokens, strategy="longest_first")
     tok.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -85,6 +84,7 @@ class CrossEncoderScorer:
 
     @property
     def sha256(self) -> str:
+        """Hex sha256 of the exported ``model.onnx`` (from ``cross_encoder.json``)."""
         return self.meta["onnx_sha256"]
 
     def score(self, query: str, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:

@@ -21,7 +21,7 @@ Two implementations of :class:`Stage1Backend`:
             search returns the shortlist with its rescoring vectors.
 
 The version a request uses is resolved once, at its start, from our registry
-(:meth:`service.versions.VersionManager.acquire`); each loaded version holds a
+(:meth:`service.version_manager.VersionManager.acquire`); each loaded version holds a
 backend bound to *its own* Milvus collection name, so a request never re-resolves
 mid-request and a Milvus alias is never consulted.
 """
@@ -29,25 +29,18 @@ mid-request and a Milvus alias is never consulted.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import faiss
 import numpy as np
 
-from adawidth.prefix import top_k
-
-STAGE1_FIELD = "stage1"
-"""Milvus vector field: normalised m0-prefixes, (m0,) float32 (metric IP, FLAT)."""
-RESCORE_FIELD = "rescore"
-"""Milvus vector field: rotated documents at the rescoring width H (not normalised), (H,) float32."""
-SQNORM_FIELD = "sqnorm_m0"
-"""Milvus scalar field: ``||d[:m0]||^2`` (float32), the stage-1 partial norm the rescoring reuses."""
-META_PROPERTY = "adawidth.version"
-"""Collection property: :func:`version_description` of the version the collection holds."""
-ROW_FIELD = "row"
-"""Milvus primary key: the document's row in the index version (int64; ``doc_ids.json`` names it)."""
+from adawidth.prefix import prefix_normalize, top_k
+from engine.version.files import read_stage1_index
+from engine.version.manifest import Manifest
+from engine.version.milvus import (RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
+                                   read_description, version_description)
 
 
 @dataclass(frozen=True)
@@ -111,12 +104,11 @@ class FaissStage1:
         self.rescore_width = int(docs.shape[1])
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist`; a faiss ID selector restricts the scan to ``allowed``."""
         qp = np.asarray(query_prefix, np.float32)[None, :]
         if allowed is None:
             cos, rows = self.index.search(qp, int(size))
         else:  # faiss IDSelectorBitmap: bit i of byte i >> 3
-            import faiss
-
             bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
             sel = faiss.IDSelectorBitmap(int(self.docs.shape[0]), faiss.swig_ptr(bits))
             cos, rows = self.index.search(qp, int(size), params=faiss.SearchParameters(sel=sel))
@@ -124,6 +116,7 @@ class FaissStage1:
         return Shortlist(rows[0][keep].astype(np.int64), cos[0][keep], self.docs, self.doc_sqnorm_m0)
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Stage1Backend.full`: an exact numpy scan at D over the memory-mapped documents."""
         scores = np.asarray(self.docs @ query, dtype=np.float64)
         if allowed is not None:
             scores[~allowed] = -np.inf
@@ -132,6 +125,7 @@ class FaissStage1:
         return rows, scores[rows]
 
     def close(self) -> None:
+        """Nothing to release (the index belongs to the version)."""
         pass
 
 
@@ -150,13 +144,12 @@ class ExactStage1:
     kind = "exact"
 
     def __init__(self, docs: np.ndarray, doc_sqnorm_m0: np.ndarray, m0: int):
-        from adawidth.prefix import prefix_normalize
-
         self.docs, self.doc_sqnorm_m0, self.m0 = docs, doc_sqnorm_m0, int(m0)
         self.prefixes = prefix_normalize(np.asarray(docs), self.m0)
         self.rescore_width = int(docs.shape[1])
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist` (one matrix-vector product, :func:`adawidth.prefix.top_k`)."""
         scores = self.prefixes @ np.asarray(query_prefix, np.float32)
         if allowed is not None:
             scores = np.where(allowed, scores, -np.inf).astype(np.float32)
@@ -165,40 +158,18 @@ class ExactStage1:
         return Shortlist(rows, scores[rows].astype(np.float32), self.docs, self.doc_sqnorm_m0)
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Stage1Backend.full`; the same scan as :meth:`FaissStage1.full`."""
         return FaissStage1.full(self, query, k, allowed)
 
     def close(self) -> None:
+        """Nothing to release."""
         pass
-
-
-def milvus_collection_name(collection: str, version: str, prefix: str = "adawidth") -> str:
-    """Milvus collection holding one index version: ``<prefix>_<collection>_<version>``.
-
-    Milvus names allow letters, digits and underscores (first a letter or
-    underscore, at most 255 characters); every other character becomes ``_``.
-
-    Raises:
-        ValueError: when the name would exceed 255 characters.
-    """
-    name = re.sub(r"[^A-Za-z0-9_]", "_", f"{prefix}_{collection}_{version}")
-    if not re.match(r"[A-Za-z_]", name):
-        name = "_" + name
-    if len(name) > 255:
-        raise ValueError(f"Milvus collection name {name[:40]}... is longer than 255 characters")
-    return name
-
-
-def version_description(manifest: dict, rescore_width: int) -> str:
-    """JSON the trainer stores in the Milvus collection's properties, and the gateway checks on attach."""
-    return json.dumps({"collection": manifest["collection"], "version": manifest["version"],
-                       "adapter_sha256": manifest["adapter"]["sha256"], "documents": manifest["corpus"]["documents"],
-                       "m0": manifest["m0"], "rescore_width": int(rescore_width)}, sort_keys=True)
 
 
 class Stage1Unavailable(RuntimeError):
     """The backend cannot serve this version.
 
-    ``code`` is a refusal reason of :mod:`service.versions` (``missing``, ``schema``), or ``unreachable``: the
+    ``code`` is a refusal reason of :mod:`service.version_manager` (``missing``, ``schema``), or ``unreachable``: the
     engine did not answer -- transient, so the version is retried rather than refused, and a search that
     meets it answers 503 ``stage1_unavailable``.
     """
@@ -238,36 +209,32 @@ class MilvusStage1:
         self.rescore_width, self.size, self.timeout_s = int(rescore_width), int(size), float(timeout_s)
 
     @classmethod
-    def attach(cls, client, manifest: dict, prefix: str = "adawidth", timeout_s: float = 2.0) -> "MilvusStage1":
+    def attach(cls, client, manifest: Manifest, prefix: str = "adawidth", timeout_s: float = 2.0) -> "MilvusStage1":
         """Check that the version's collection exists and matches the manifest, load it, return the backend.
 
         Raises:
-            Stage1Unavailable: ``missing`` (no collection, or fewer rows than documents) or
-                ``schema`` (the collection describes another version, m0 or corpus).
+            Stage1Unavailable: ``missing`` (no collection, or fewer rows than documents),
+                ``schema`` (the collection describes another version, m0 or corpus) or ``unreachable``.
         """
-        name = milvus_collection_name(manifest["collection"], manifest["version"], prefix)
+        name = milvus_collection_name(manifest.collection, manifest.version, prefix)
         try:
             exists = client.has_collection(name, timeout=timeout_s)
         except Exception as e:  # connection refused, timeout: try again on the next reconcile
             raise Stage1Unavailable("unreachable", f"Milvus did not answer: {type(e).__name__}: {e}") from e
         if not exists:
-            raise Stage1Unavailable("missing", f"Milvus has no collection {name} for version {manifest['version']} "
-                                               f"(write it: python -m trainer milvus-write {manifest['collection']} "
-                                               f"{manifest['version']})")
-        desc = client.describe_collection(name)
-        try:
-            meta = json.loads((desc.get("properties") or {}).get(META_PROPERTY) or "{}")
-        except ValueError:
-            meta = {}
-        want = json.loads(version_description(manifest, meta.get("rescore_width", manifest["dimension"])))
+            raise Stage1Unavailable("missing", f"Milvus has no collection {name} for version {manifest.version} "
+                                               f"(write it: python -m trainer milvus-write {manifest.collection} "
+                                               f"{manifest.version})")
+        meta = read_description(client, name)
+        want = json.loads(version_description(manifest, meta.get("rescore_width", manifest.dimension)))
         if meta != want:
             raise Stage1Unavailable("schema", f"Milvus collection {name} describes {meta}, the manifest {want}")
         client.load_collection(name)
         rows = int(client.get_collection_stats(name).get("row_count", -1))
-        if rows != manifest["corpus"]["documents"]:
+        if rows != manifest.corpus.documents:
             raise Stage1Unavailable("missing", f"Milvus collection {name} holds {rows} rows, the version "
-                                               f"{manifest['corpus']['documents']} documents")
-        return cls(client, name, manifest["m0"], meta["rescore_width"], rows, timeout_s)
+                                               f"{manifest.corpus.documents} documents")
+        return cls(client, name, manifest.m0, meta["rescore_width"], rows, timeout_s)
 
     @staticmethod
     def _filter(allowed: np.ndarray | None) -> str:
@@ -298,6 +265,7 @@ class MilvusStage1:
                                                        f"{type(e).__name__}: {str(e)[:200]}") from e
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
+        """See :meth:`Stage1Backend.shortlist`: one Milvus search returning the rescoring vectors; best first, ties by row."""
         hits = self._search(query_prefix, STAGE1_FIELD, min(size, self.size), [RESCORE_FIELD, SQNORM_FIELD],
                             self._filter(allowed))[0]
         C = len(hits)
@@ -375,19 +343,18 @@ class Stage1Provider:
                                                        f"{type(e).__name__}: {e}") from e
         return self._client
 
-    def attach(self, path: Path, manifest: dict, docs: np.ndarray, doc_sqnorm_m0: np.ndarray) -> Stage1Backend:
+    def attach(self, path: Path, manifest: Manifest, docs: np.ndarray, doc_sqnorm_m0: np.ndarray) -> Stage1Backend:
         """The backend of the version at ``path`` (verified ``manifest``).
 
         Raises:
             Stage1Unavailable: the Milvus collection is missing or describes another version.
         """
         if self.kind == "faiss":
-            import faiss
-
-            return FaissStage1(faiss.read_index(str(Path(path) / "stage1.faiss")), docs, doc_sqnorm_m0)
+            return FaissStage1(read_stage1_index(Path(path), manifest), docs, doc_sqnorm_m0)
         return MilvusStage1.attach(self.client, manifest, self.milvus_prefix, self.milvus_timeout_s)
 
     def close(self) -> None:
+        """Close the Milvus client (the next use reconnects)."""
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -2,8 +2,8 @@
 
 Usage::
 
-    .venv/bin/python loadtest/run.py --home var --users 8 --spawn-rate 4 --seconds 60
-    .venv/bin/python loadtest/run.py --host http://127.0.0.1:8000 --seconds 30     # a gateway already running
+    .venv/bin/python -m loadtest.run --home var --users 8 --spawn-rate 4 --seconds 60
+    .venv/bin/python -m loadtest.run --host http://127.0.0.1:8000 --seconds 30     # a gateway already running
 
 Without ``--host`` it starts a gateway (``python -m service``) on the home's live version on a free port,
 waits for ``/readyz``, runs ``locust -f loadtest/locustfile.py --headless`` as its own process (locust
@@ -26,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import httpx
+
+from bench.common import ROOT
+from bench.demo import free_port, start_gateway, wait_ready  # the demo's gateway launcher
 
 
 def parse_stats(prefix: Path) -> tuple[list[dict], list[dict]]:
@@ -48,9 +51,6 @@ def parse_stats(prefix: Path) -> tuple[list[dict], list[dict]]:
 
 
 def gateway_5xx(url: str) -> float | None:
-    sys.path.insert(0, str(ROOT))
-    from adawidth_client import Client, ClientError
-
     try:
         with Client(url, timeout_s=5) as client:
             text = client.metrics()
@@ -94,9 +94,6 @@ def main(argv=None) -> int:
     p.add_argument("--stem")
     args = p.parse_args(argv)
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from demo import free_port, start_gateway, wait_ready  # the demo's gateway launcher
-
     workdir = args.home.resolve() / "locust"  # logs and locust CSVs (var/ is not committed)
     workdir.mkdir(parents=True, exist_ok=True)
     proc, url = None, args.host
@@ -127,7 +124,7 @@ def main(argv=None) -> int:
     rows, failures = parse_stats(prefix)
     agg = next(r for r in rows if r["name"] == "Aggregated")
     shown = " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-    result = {"command": f".venv/bin/python loadtest/run.py {shown}".strip(),
+    result = {"command": f".venv/bin/python -m loadtest.run {shown}".strip(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "target": url if args.host else "a gateway "
               f"started on {args.collection} (encoder threads {args.encoder_threads})", "users": args.users,

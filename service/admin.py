@@ -30,12 +30,13 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from engine.version import store
-from adawidth.router import FEATURE_NAMES
+from engine.gate import run_gate
+from engine.registry.state import RegistryError, check_version_name
+from engine.version.manifest import Expect, IndexVersionError, verify
 from service.auth import require_admin
 from service.errors import ApiError
-from engine.registry.state import RegistryError, check_version_name
 from service.models import error_responses
+from service.version_manager import VersionRefused
 
 log = logging.getLogger("service.admin")
 
@@ -69,7 +70,6 @@ def _api(e: RegistryError) -> ApiError:
 
 def build_admin_router(state) -> APIRouter:
     """Routes bound to a :class:`service.app.GatewayState` (its registry, versions, follower and encoder)."""
-
     router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)],
                        responses=error_responses(400, 401, 403))
     s = state.settings
@@ -116,15 +116,11 @@ def build_admin_router(state) -> APIRouter:
 
         def run():
             try:
-                m = store.verify_version(path, encoder_sha256=state.encoder.info.onnx_sha256,
-                                            dimension=state.encoder.dimension)
-            except store.IndexVersionError as e:
+                verify(path, Expect.of_encoder(state.encoder, collection=s.collection, version=body.version))
+            except IndexVersionError as e:
                 if e.code == "missing" and not path.is_dir():
                     raise ApiError("unknown_version", f"no version {body.version!r} in {s.collection!r}") from None
                 raise ApiError("version_refused", str(e)) from None
-            names = (m.get("router") or {}).get("feature_names")
-            if (m.get("router") or {}).get("pairs") and list(names or ()) != list(FEATURE_NAMES):
-                raise ApiError("version_refused", "[router_mismatch] router feature names differ from this gateway's")
             return reg.publish(s.collection, body.version, actor="admin-api")
 
         try:
@@ -139,9 +135,6 @@ def build_admin_router(state) -> APIRouter:
         reg = need_registry()
 
         def run():
-            from engine.gate import run_gate
-            from service.versions import VersionRefused
-
             st = reg.get(s.collection)
             version = body.version or (st.candidates[-1] if st.candidates else None)
             if version is None:

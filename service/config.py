@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.home import with_home_defaults
+from engine.stage1 import Stage1Provider
+
 MIN_SECRET_CHARS = 16
 """Shortest API key accepted outside local mode."""
 
@@ -193,17 +196,10 @@ class GatewaySettings(BaseSettings):
         return self
 
     def resolved(self) -> "GatewaySettings":
-        """A copy with every default path filled in under ``home``."""
-        return self.model_copy(update={
-            "index_root": self.index_root or self.home / "indexes",
-            "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
-            "cross_encoder_dir": self.cross_encoder_dir or self.home / "models" / "minilm-cross-encoder",
-            "milvus_uri": self.milvus_uri or str(self.home / "milvus.db"),
-        })
+        """A copy with every default path filled in under ``home`` (:func:`engine.home.home_defaults`)."""
+        return with_home_defaults(self, ("index_root", "encoder_dir", "cross_encoder_dir", "milvus_uri"))
 
     def stage1_provider(self):
         """The :class:`engine.stage1.Stage1Provider` these settings describe (call on resolved settings)."""
-        from engine.stage1 import Stage1Provider
-
         token = self.milvus_token.get_secret_value() if self.milvus_token else None
         return Stage1Provider(self.stage1_backend, self.milvus_uri, token, self.milvus_prefix, self.milvus_timeout_s)

@@ -2,7 +2,8 @@
 
 Every error body is ``{"error": {"code": str, "message": str, "field": str | null}}``.
 The codes are stable and listed, with their meaning, in ``docs/API.md``
-(``tests/unit/test_errors.py`` checks that the table there and this one agree).
+(``tests/unit/test_gateway_units.py::test_error_table_in_docs_equals_the_code_table`` checks that the table
+there and this one agree).
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ class ApiError(Exception):
 
     @property
     def status(self) -> int:
+        """The HTTP status of :attr:`code` (:data:`STATUS_OF_CODE`)."""
         return STATUS_OF_CODE[self.code]
 
     def body(self) -> dict:
+        """The JSON error body, message and field made safe (:func:`safe_text`)."""
         field = None if self.field is None else safe_text(self.field, MAX_ECHO_CHARS)
         return {"error": {"code": self.code, "message": safe_text(self.message), "field": field}}

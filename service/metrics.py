@@ -79,7 +79,7 @@ class CutoverMetrics:
     """Series of blue/green cutover (issue 3), on the same registry as ``gateway``'s.
 
     Labels are bounded: ``collection`` is the one collection a replica serves and
-    ``reason`` is one of :data:`service.versions.REFUSAL_CODES`.  The live version
+    ``reason`` is one of :data:`service.version_manager.REFUSAL_CODES`.  The live version
     itself is only a label of ``adawidth_live_version_info`` (one series at a time).
     """
 

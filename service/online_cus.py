@@ -111,7 +111,7 @@ class OnlineCusMonitor:
             version: the :class:`engine.index.IndexVersion` now live.
             target_rho: the ρ default requests are served with (settings override, else the version's).
         """
-        cap = version.manifest.get("capacity") or {}
+        cap = version.manifest.capacity or {}
         base = (cap.get("online_cus_baseline") or {}).get("agreement")
         if base is None:
             self.baseline.set(float("nan"))

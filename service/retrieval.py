@@ -25,8 +25,8 @@ from pydantic import Field, StrictBool, StrictInt, StringConstraints
 
 from adawidth import hybrid
 from adawidth.prefix import top_k
-from service.errors import ApiError
 from engine.index import IndexVersion, SearchOutcome
+from service.errors import ApiError
 
 FilterScalar = Annotated[str, StringConstraints(strict=True, max_length=256)] | StrictInt | StrictBool
 FilterValues = Annotated[

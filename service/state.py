@@ -9,20 +9,21 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
+from adawidth.hybrid import Principal
+from engine.encoder import OnnxEncoder
+from engine.index import IndexVersion
 from engine.pipeline import Pipeline, Result, capabilities
 from engine.plan import Plan, PlanError, SearchSpec, resolve_plan
-from adawidth.hybrid import Principal
+from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
+from engine.stage1 import Stage1Unavailable
 from service.config import GatewaySettings
 from service.errors import ApiError
-from engine.index import IndexVersion
+from service.follower import start_replica
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import CutoverMetrics, GatewayMetrics
 from service.online_cus import OnlineCusMonitor
 from service.parsing import log_query_sample, plan_defaults
-from engine.encoder import OnnxEncoder
-from engine.stage1 import Stage1Unavailable
-from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
-from service.versions import VersionManager, VersionRefused, start_replica
+from service.version_manager import VersionManager, VersionRefused
 
 log = logging.getLogger("service")
 
@@ -42,7 +43,7 @@ class GatewayState:
                                        settings.canary_queries)
         self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
         self.registry = None  # engine.registry.Registry, None when a version is pinned
-        self.follower = None  # service.versions.RegistryFollower
+        self.follower = None  # service.follower.RegistryFollower
         self.load_error: str | None = None
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
                                      settings.retry_after_s)
@@ -93,7 +94,7 @@ class GatewayState:
 
         Raises:
             engine.registry.RegistryError: the registry is unreachable.
-            service.versions.VersionRefused: the registry's live version failed a check here
+            service.version_manager.VersionRefused: the registry's live version failed a check here
                 (the current version stays live).
         """
         with self._reload_lock:

@@ -16,6 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from engine.encoder import OnnxEncoder
+from engine.version import store
+from service.app import create_app
+from service.config import GatewaySettings
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.export_onnx import export_encoder
 
 from adawidth_client import Client, NotReadyError, ServerExited
 
@@ -26,24 +36,17 @@ VAR = ROOT / "var"
 
 @pytest.fixture(scope="session")
 def encoder_dir() -> Path:
-    from trainer.export_onnx import export_encoder
-
     return export_encoder(VAR / "models" / "minilm-onnx")
 
 
 @pytest.fixture(scope="session")
 def encoder(encoder_dir):
-    from engine.encoder import OnnxEncoder
-
     return OnnxEncoder(encoder_dir, threads=2)
 
 
 def build_home(home: Path, encoder_dir: Path, encoder, **options) -> Path:
     """Build a SciFact version with the real trainer into ``home`` (file registry; the first version goes live)
     and link the encoder there, so a gateway can serve the home.  ``options`` override BuildOptions."""
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
     build_index(BuildOptions(dataset=SCIFACT, **options), settings, encoder)
@@ -60,8 +63,6 @@ def scifact_home(tmp_path_factory, encoder_dir, encoder) -> Path:
 
 @pytest.fixture(scope="session")
 def scifact_version(scifact_home):
-    from engine.version import store
-
     coll = scifact_home / "indexes" / "scifact"
     return coll / store.read_live_pointer(coll)
 
@@ -113,12 +114,6 @@ def gateway_url(scifact_home):
 @pytest.fixture(scope="session")
 def app_client(scifact_home):
     """An in-process TestClient over the same index (lifespan runs, so the index is loaded)."""
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     app = create_app(GatewaySettings(home=scifact_home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as client:
         yield client
@@ -128,9 +123,6 @@ def app_client(scifact_home):
 def pca_version(tmp_path_factory, encoder_dir, encoder) -> Path:
     """A second SciFact version for the cutover tests: PCA rotation, one router, no evaluation (built in seconds
     from the cached embeddings; its rankings differ from the adapter version's).  Not registered anywhere."""
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     home = tmp_path_factory.mktemp("pca-build")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import redis
 
 from adawidth_client import Client, NotReadyError, ServerExited
+from engine.index import IndexVersion
 from tests.conftest import ROOT, free_port
 
 ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
@@ -45,8 +48,6 @@ class RedisServer:
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
              "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        import redis
-
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -261,10 +262,6 @@ def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dic
 
     The offline answer is ``IndexVersion.load(dir).search(encoder.encode([query])[0], 10, width)``.
     """
-    import numpy as np
-
-    from engine.index import IndexVersion
-
     loaded = {v: IndexVersion.load(p) for v, p in version_dirs.items()}
     emb = {}
     expected = {}

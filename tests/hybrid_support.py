@@ -3,14 +3,25 @@ lexical side, keyword fields (tenant, acl, topic) and a seeded corpus, for the h
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from engine.version import files, store
+from engine.version.lexical import lexical_files
+
 WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "err_ssl_5417", "v1", "zeta")
 TENANTS = ("acme", "globex", "initech")
 GROUPS = ("eng", "legal", "hr")
+
+
+def unit_data(seed: int = 0, n: int = 300, d: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded unit-norm documents (n, d) float32 and one unit query (d,) float32."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    q = rng.standard_normal(d).astype(np.float32)
+    return X, q / np.linalg.norm(q)
 
 
 def synthetic_corpus(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
@@ -30,32 +41,19 @@ def synthetic_corpus(n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
 
 
 def write_synthetic_version(root: Path, *, n: int = 240, dim: int = 32, m0: int = 8, shortlist: int = 20,
-                            lexical: bool = True, seed: int = 0) -> Path:
-    """Write version ``root/synth/v1`` (identity rotation, flat stage 1, no router) and return its path."""
-    import faiss
-
-    from engine.version import store
-    from adawidth.prefix import prefix_normalize
-    from engine.lexical import lexical_writers
-
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, dim)).astype(np.float32)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    texts, fields = synthetic_corpus(n, seed)
-    ids = [f"d{i}" for i in range(n)]
-    index = faiss.IndexFlatIP(m0)
-    index.add(prefix_normalize(X, m0))
-    writers = {
-        "rotation.npy": lambda p: np.save(p, np.eye(dim, dtype=np.float32)),
-        "docs.npy": lambda p: np.save(p, X),
-        "doc_sqnorm_m0.npy": lambda p: np.save(p, (X[:, :m0] ** 2).sum(1).astype(np.float32)),
-        "doc_ids.json": lambda p: p.write_text(json.dumps(ids)),
-        "stage1.faiss": lambda p: faiss.write_index(index, str(p)),
-    }
-    manifest = {"collection": "synth", "encoder": {"onnx_sha256": "synthetic"}, "dimension": dim, "m0": m0,
-                "shortlist": shortlist, "router": None, "corpus": {"documents": n}}
+                            lexical: bool = True, seed: int = 0, X: np.ndarray | None = None, name: str = "v1",
+                            adapter: dict | None = None, collection: str = "synth") -> Path:
+    """Write version ``root/<collection>/<name>`` with the format's writers (identity rotation, flat stage 1, no router;
+    documents ``X`` (n, dim) float32, default seeded unit Gaussians) and return its path."""
+    if X is None:
+        X = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+        X /= np.linalg.norm(X, axis=1, keepdims=True)
+    n, dim = X.shape
+    writers, core, stage1 = files.dense_files(np.eye(dim), X, [f"d{i}" for i in range(n)], m0)
+    manifest = {"collection": collection, "encoder": {"onnx_sha256": "synthetic"}, "dimension": dim, "m0": m0,
+                "shortlist": shortlist, "core": core, "stage1": stage1, "router": None, "corpus": {"documents": n},
+                "adapter": adapter}
     if lexical:
-        lw, entry = lexical_writers(texts, fields)
+        lw, manifest["lexical"] = lexical_files(*synthetic_corpus(n, seed))
         writers.update(lw)
-        manifest["lexical"] = entry
-    return store.write_version(root / "synth", "v1", writers, manifest)
+    return store.write_version(root / collection, name, writers, manifest)

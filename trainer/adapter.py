@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from adawidth import wy
+from adawidth.prefix import prefix_normalize, top_k
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class AdapterConfig:
     history: list = field(default_factory=list)
 
     def as_manifest(self) -> dict:
+        """The configuration as the manifest records it (``adapter.training.config``), without the loss history."""
         d = asdict(self)
         d.pop("history")
         d["widths"] = list(self.widths)
@@ -114,17 +116,12 @@ def mine_shortlists(Q: np.ndarray, X: np.ndarray, width: int, size: int) -> np.n
 
     Q: (n, D), X: (N, D) -> (n, min(size, N)) int64 row numbers, best first.
     """
-    from adawidth.prefix import prefix_normalize
-
     Xp = prefix_normalize(X, width)
     Qp = prefix_normalize(Q, width)
     size = min(size, X.shape[0])
     out = np.empty((Q.shape[0], size), dtype=np.int64)
     for s in range(0, Q.shape[0], 256):
-        S = Qp[s:s + 256] @ Xp.T
-        part = np.argpartition(-S, size - 1, axis=1)[:, :size]
-        sc = np.take_along_axis(S, part, 1)
-        out[s:s + 256] = np.take_along_axis(part, np.argsort(-sc, axis=1, kind="stable"), 1)
+        out[s:s + 256] = top_k(Qp[s:s + 256] @ Xp.T, size)
     return out
 
 

@@ -15,12 +15,15 @@ Steps (each logged with its duration):
 7. the version is written atomically (manifest last) and, with ``publish``,
    registered in the version registry as a candidate (the collection's first
    version, or any with ``promote``, is promoted at once).
+
+:func:`build_index` runs the steps as functions over one :class:`BuildContext`; every file is written by the
+format's writers (:mod:`engine.version.files`, :mod:`engine.version.lexical`) and the manifest is the typed
+:class:`engine.version.manifest.Manifest` assembled from their sections.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,13 +32,33 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import stage1_policy
-from engine.version import store
-from engine.io.beir import Collection, load_collection, load_qrels, available_splits
-from adawidth.prefix import prefix_normalize
+from adawidth.blocked import BlockedCorpus
+from adawidth.capacity import CapacityOptions, capacity_report
+from adawidth.funnel import resolve
+from adawidth.metrics import ranking_metric
 from adawidth.rotation import orthogonality_error, pca_rotation
+from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from adawidth.tiers import RERANK_DEPTH
-from adawidth.router import threshold_for_rate
+from engine.home import home_defaults
+from engine.io.beir import Collection, available_splits, load_collection, load_qrels
+from engine.registry import open_registry
+from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
+from engine.version import files
+from engine.version.files import Files
+from engine.version.lexical import lexical_files
+from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, CarsSection, CorpusSection, EncoderSection,
+                                     Manifest, RouterPairSection, RouterSection, TiersSection, read_manifest)
+from engine.version.store import new_version_id, utc_timestamp, write_version
+from trainer.adapter import AdapterConfig, train_adapter
+from trainer.capacity_report import file_writers as capacity_file_writers, summary as capacity_summary
+from trainer.cars import apply_cars
+from trainer.dart.tier_head import fit_head, tier_quality
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_report, score_rankings
+from trainer.milvus_stage1 import write_for_settings
+from trainer.ray_encode import read_shards
+from trainer.router_fit import escalation_gains, fit_router
+from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +163,6 @@ def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, 
     top-1: the value the gateway's online label-free CUS should reproduce on
     traffic like the evaluation queries (``adawidth_online_cus_baseline_ratio``).
     """
-    from adawidth.capacity import CapacityOptions, capacity_report
-    from adawidth.funnel import resolve
-
     q_rot = np.ascontiguousarray(test.emb @ R.T, dtype=np.float32)
     cap_opts = CapacityOptions(**{"r_floor": opts.m0, "seed": opts.seed, **opts.capacity_options})
     report = capacity_report(q_rot, X_rot, test.judgments, doc_ids, test.ids, cap_opts)
@@ -165,16 +185,302 @@ def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, 
     return report
 
 
-def _capacity_summary(report: dict | None) -> dict | None:
-    if report is None:
-        return None
-    from trainer.capacity_report import summary
+@dataclass
+class BuildContext:
+    """What the steps of :func:`build_index` read and write, in the order they fill it.
 
-    return summary(report)
+    Arrays: ``X`` (N, D) float32 frozen document embeddings (CARS-mapped when CARS is on), ``R`` (D, D) the
+    served rotation, ``X_rot`` (N, D) float32 rotated documents; query sets hold (Q, D) embeddings.
+    """
+
+    opts: BuildOptions
+    settings: object
+    encoder: object
+    timer: _Timer = field(default_factory=lambda: _Timer())
+    dataset_fingerprint: str = ""
+    train_split: str | None = None
+    eval_split: str | None = None
+    col: Collection | None = None
+    name: str = ""
+    doc_ids: list[str] = field(default_factory=list)
+    row_of: dict[str, int] = field(default_factory=dict)
+    train_qrels: dict = field(default_factory=dict)
+    eval_qrels: dict = field(default_factory=dict)
+    X: np.ndarray | None = None
+    n_encoded: int = 0
+    train: QuerySet | None = None
+    test: QuerySet | None = None
+    tier_head: np.ndarray | None = None
+    tiers_meta: dict | None = None
+    cars_meta: dict | None = None
+    cars_writers: dict = field(default_factory=dict)
+    rotations: dict = field(default_factory=dict)
+    positives: list | None = None
+    adapter_report: dict | None = None
+    R: np.ndarray | None = None
+    X_rot: np.ndarray | None = None
+    funnel: Funnel | None = None
+    routers: dict = field(default_factory=dict)
+    router_meta: dict = field(default_factory=dict)
+    parts: list | None = None
+    policy: PolicyFit | None = None
+    evaluation: dict | None = None
+    capacity: dict | None = None
+
+    @property
+    def has_train(self) -> bool:
+        """True when there are labelled training queries."""
+        return self.train is not None and bool(self.train.ids)
+
+    @property
+    def has_test(self) -> bool:
+        """True when there are labelled evaluation queries."""
+        return self.test is not None and bool(self.test.ids)
 
 
-def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
+def _check_options(opts: BuildOptions, settings, dimension: int) -> None:
+    """Refuse inconsistent options before any work (ValueError), and ``--tiers`` without an export."""
+    if opts.rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {ROTATIONS}, got {opts.rotation!r}")
+    for low, high in opts.action_pairs:
+        if not opts.m0 <= low < high <= dimension:
+            raise ValueError(f"action pair ({low}, {high}) must satisfy m0={opts.m0} <= l < h <= {dimension}")
+    if tuple(opts.default_pair) not in {tuple(p) for p in opts.action_pairs}:
+        raise ValueError(f"default pair {opts.default_pair} is not among the action pairs")
+    if opts.tiers:  # fail before encoding, not after
+        ce_dir = _cross_encoder_dir(opts, settings)
+        if not (Path(ce_dir) / "cross_encoder.json").is_file():
+            raise CrossEncoderNotFoundError(f"--tiers needs a cross-encoder export at {ce_dir} "
+                                            "(python -m trainer.dart.cross_encoder --dataset ...)")
+
+
+def _cross_encoder_dir(opts: BuildOptions, settings) -> Path:
+    return Path(opts.cross_encoder or home_defaults(Path(settings.home))["cross_encoder_dir"])
+
+
+def _read_dataset(ctx: BuildContext) -> None:
+    """Splits, corpus, queries and qrels (the fingerprint first: a change while building is seen next poll)."""
+    opts = ctx.opts
+    ctx.dataset_fingerprint = dataset_fingerprint(opts.dataset)
+    splits = available_splits(opts.dataset)
+    ctx.eval_split = opts.eval_split if opts.eval_split in splits else None
+    ctx.train_split = opts.train_split if opts.train_split in splits else None
+    if ctx.train_split is None and (opts.rotation.startswith("adapter") or opts.stage1_policy):
+        what = f"rotation {opts.rotation!r}" if opts.rotation.startswith("adapter") else "the stage-1 policy"
+        raise ValueError(f"{what} needs training qrels ({opts.train_split!r} split not found in {opts.dataset}; "
+                         f"it has {splits or 'no'} splits)")
+    if opts.tiers and ctx.train_split is None:
+        raise ValueError(f"the difficulty head (--tiers) needs training qrels ({opts.train_split!r} split not found)")
+    ctx.col = load_collection(opts.dataset, ctx.eval_split or (splits[0] if splits else "test"))
+    ctx.name = opts.collection or ctx.col.name
+    ctx.doc_ids = [d.doc_id for d in ctx.col.corpus]
+    ctx.row_of = {d: i for i, d in enumerate(ctx.doc_ids)}
+    ctx.train_qrels = load_qrels(opts.dataset, ctx.train_split) if ctx.train_split else {}
+    ctx.eval_qrels = ctx.col.qrels if ctx.eval_split else {}
+
+
+def _encode(ctx: BuildContext) -> None:
+    """Corpus and query embeddings (cached by content hash), or the corpus from Ray shards."""
+    col, settings, encoder = ctx.col, ctx.settings, ctx.encoder
+    cache = EmbeddingCache(settings.embedding_cache, encoder.dimension)
+    try:
+        with ctx.timer("encode corpus"):
+            if ctx.opts.embeddings is not None:  # shards of the Ray Data encoding job (trainer/ray_encode.py)
+                ctx.X, ctx.n_encoded = read_shards(ctx.opts.embeddings, ctx.doc_ids), 0
+            else:
+                ctx.X, ctx.n_encoded = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache,
+                                                         batch_size=settings.encode_batch_size,
+                                                         desc=f"encoding {ctx.name} corpus")
+        qids = [q for q in sorted(set(ctx.train_qrels) | set(ctx.eval_qrels)) if q in col.queries]
+        with ctx.timer("encode queries"):
+            QE, _ = encode_with_cache(encoder, [col.queries[q] for q in qids], cache,
+                                      desc=f"encoding {ctx.name} queries")
+    finally:
+        cache.close()
+    emb_of = dict(zip(qids, QE))
+    ctx.train = _query_set(col, ctx.train_qrels, emb_of) if ctx.train_qrels else None
+    ctx.test = _query_set(col, ctx.eval_qrels, emb_of) if ctx.eval_qrels else None
+
+
+def _difficulty_head(ctx: BuildContext) -> None:
+    """``--tiers``: the DART difficulty head on held-out training queries."""
+    if not ctx.opts.tiers:
+        return
+    if not ctx.has_train:
+        raise ValueError("the difficulty head (--tiers) needs training queries (a train split)")
+    with ctx.timer("difficulty head"):
+        ctx.tier_head, ctx.tiers_meta = _fit_tier_head(ctx.opts, ctx.settings, ctx.encoder, ctx.X, ctx.col,
+                                                       ctx.train, ctx.opts.seed)
+
+
+def _cars(ctx: BuildContext) -> None:
+    """CARS: map the corpus and every query set into the selected adapter's space."""
+    if ctx.opts.cars is None:
+        return
+    with ctx.timer("cars"):
+        ctx.X, ctx.train, ctx.test, ctx.cars_writers, ctx.cars_meta = apply_cars(
+            ctx.opts.cars, ctx.X, ctx.train, ctx.test, ctx.row_of, ctx.opts.seed)
+
+
+def _rotations(ctx: BuildContext) -> None:
+    """PCA, identity and (with a learned rotation) the adapter; the served one rotates the documents."""
+    opts, X = ctx.opts, ctx.X
+    D = ctx.encoder.dimension
+    ctx.rotations = {"identity": np.eye(D)}
+    with ctx.timer("pca rotation"):
+        ctx.rotations["pca"] = pca_rotation(X)
+    if opts.rotation.startswith("adapter"):
+        if not ctx.has_train:
+            raise ValueError(f"rotation {opts.rotation!r} needs training qrels ({opts.train_split!r} split not found)")
+        base = ctx.rotations["pca"] if opts.rotation == "adapter_on_pca" else ctx.rotations["identity"]
+        cfg = AdapterConfig(seed=opts.seed, **opts.adapter)
+        ctx.positives = [np.array([ctx.row_of[d] for d, g in j.items() if g > 0 and d in ctx.row_of])
+                         for j in ctx.train.judgments]
+        with ctx.timer("adapter training"):
+            R_learned, ctx.adapter_report = train_adapter(ctx.train.emb @ base.T, X @ base.T, ctx.positives, cfg)
+        ctx.rotations[opts.rotation] = R_learned @ base
+        ctx.adapter_report["config"] = cfg.as_manifest()
+        ctx.adapter_report["loss_history"] = cfg.history
+    ctx.R = ctx.rotations[opts.rotation]
+    if orthogonality_error(ctx.R) > 1e-4:
+        raise RuntimeError(f"served rotation is not orthogonal (error {orthogonality_error(ctx.R):.2e})")
+    ctx.X_rot = np.ascontiguousarray(X @ ctx.R.T, dtype=np.float32)
+    ctx.funnel = Funnel.build(ctx.X_rot, ctx.doc_ids, opts.m0, opts.shortlist)
+
+
+def _routers(ctx: BuildContext) -> None:
+    """One LightGBM router per action pair, on (cross-fitted) training queries."""
+    opts = ctx.opts
+    if not ctx.has_train:
+        return
+    crossfit = opts.rotation.startswith("adapter") and opts.router_crossfit_folds >= 2
+    with ctx.timer("router training data" + (f" ({opts.router_crossfit_folds}-fold cross-fitted adapters)"
+                                             if crossfit else "")):
+        s1_scores, gains_by_pair, ctx.parts = _router_training_data(
+            opts, ctx.train, ctx.X, ctx.doc_ids, ctx.R, ctx.rotations, ctx.positives if crossfit else None, opts.seed)
+    for pair in opts.action_pairs:
+        with ctx.timer(f"router {pair}"):
+            fit = fit_router(s1_scores, gains_by_pair[pair], pair, seed=opts.seed)
+        ctx.routers[pair] = fit
+        gains = gains_by_pair[pair]
+        ctx.router_meta[pair] = {
+            "calibration": "5-fold out-of-fold router predictions on the training queries"
+                           + (", whose features come from adapters that did not see them (cross-fitted)"
+                              if crossfit else ""),
+            "train_queries": len(gains),
+            "share_gain_positive": float(np.mean(gains > 0)),
+            "share_gain_negative": float(np.mean(gains < 0)),
+        }
+
+
+def _funnel_policy(ctx: BuildContext) -> None:
+    """``--stage1-policy``: the per-query funnel policy over the default grid."""
+    if not ctx.opts.stage1_policy:
+        return
+    if not ctx.has_train:
+        raise ValueError("the stage-1 policy needs training queries (a train split)")
+    grid = stage1_policy.default_grid()
+    with ctx.timer("stage-1 policy"):
+        feats, agree = policy_training_data(ctx.X, ctx.train.emb, ctx.parts, grid)
+        ctx.policy = fit_stage1_policy(feats, agree, grid, ctx.X.shape[0], ctx.encoder.dimension, seed=ctx.opts.seed)
+
+
+def _evaluation_and_capacity(ctx: BuildContext) -> None:
+    """Offline quality table and the capacity report on the evaluation split."""
+    if not ctx.has_test:
+        return
+    opts = ctx.opts
+    with ctx.timer("evaluation"):
+        ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels, ctx.funnel,
+                                   ctx.R, ctx.routers)
+        if ctx.policy is not None:
+            ctx.evaluation["stage1_policy"] = _evaluate_policy(opts, ctx.policy, ctx.X_rot, ctx.R, ctx.doc_ids,
+                                                               ctx.test, ctx.train_qrels)
+    if opts.capacity:
+        with ctx.timer("capacity report"):
+            ctx.capacity = capacity_for_version(opts, ctx.test, ctx.X_rot, ctx.R, ctx.doc_ids, ctx.funnel,
+                                                ctx.routers, ctx.name)
+
+
+def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
+    """The version id, every file's writer and the typed manifest (the sections name the files)."""
+    opts, col, encoder, R = ctx.opts, ctx.col, ctx.encoder, ctx.R
+    fingerprint = corpus_fingerprint(col)
+    version = new_version_id(hashlib.sha256(
+        (fingerprint + encoder.info.onnx_sha256 + R.astype(np.float32).tobytes().hex()[:4096]).encode()).hexdigest())
+    writers, core, stage1 = files.dense_files(R, ctx.X_rot, ctx.doc_ids, opts.m0, ctx.funnel.doc_sqnorm_m0)
+    router_writers, router_names = files.router_files({pair: fit.booster for pair, fit in ctx.routers.items()})
+    writers.update(router_writers)
+    pairs = {files.router_key(pair): RouterPairSection(
+        file=router_names[pair], action_pair=pair,
+        calibration_predictions=sorted(float(v) for v in fit.oof_predictions), **ctx.router_meta[pair])
+        for pair, fit in ctx.routers.items()}
+    writers.update(ctx.cars_writers)
+    texts = [d.encoder_text() for d in col.corpus]  # the rerank tiers (MaxSim, cross-encoder) read these
+    rerank_writers, rerank = files.rerank_files(texts, RERANK_DEPTH)
+    writers.update(rerank_writers)
+    tiers = None
+    if ctx.tier_head is not None:
+        head_writers, head = files.tier_head_files(ctx.tier_head, **ctx.tiers_meta["head"])
+        writers.update(head_writers)
+        tiers = TiersSection(**{**ctx.tiers_meta, "head": head})
+    lexical = None
+    if opts.lexical:
+        with ctx.timer("lexical index"):
+            lex_writers, lexical = lexical_files(texts, [d.fields for d in col.corpus])
+        writers.update(lex_writers)
+    policy = None
+    if ctx.policy is not None:
+        policy_writers, policy = files.funnel_policy_files(
+            ctx.policy.booster, ctx.policy.grid, opts.stage1_policy_tau,
+            model="lightgbm regression of the top-10 agreement with exhaustive full-width search",
+            train_queries=ctx.policy.train_queries,
+            mean_agreement_by_config=[float(v) for v in ctx.policy.mean_agreement])
+        writers.update(policy_writers)
+    if ctx.capacity is not None:
+        writers.update(capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
+                                                           f"{ctx.eval_split} split)"))
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION, version=version, collection=ctx.name, created=utc_timestamp(),
+        encoder=EncoderSection(**encoder.info.as_manifest()), dimension=encoder.dimension, m0=opts.m0,
+        shortlist=opts.shortlist, theta=0.05, core=core, stage1=stage1,
+        adapter=AdapterSection(kind=opts.rotation, sha256=hashlib.sha256(R.astype(np.float32).tobytes()).hexdigest(),
+                               training=ctx.adapter_report),
+        router=RouterSection(feature_names=list(FEATURE_NAMES),
+                             model="lightgbm regression of g(q) = NDCG@10_h - NDCG@10_l (Eq. 12 of 001)",
+                             default_pair=tuple(opts.default_pair) if ctx.routers else None,
+                             default_rho=opts.default_rho, pairs=pairs),
+        corpus=CorpusSection(fingerprint=fingerprint, documents=len(ctx.doc_ids), dataset=str(opts.dataset),
+                             dataset_fingerprint=ctx.dataset_fingerprint, encoded_now=ctx.n_encoded,
+                             train_split=ctx.train_split, eval_split=ctx.eval_split),
+        stage1_policy=policy, evaluation=ctx.evaluation, lexical=lexical,
+        cars=CarsSection(**ctx.cars_meta) if ctx.cars_meta is not None else None,
+        rerank=rerank, tiers=tiers, capacity=capacity_summary(ctx.capacity) if ctx.capacity is not None else None,
+        build_seconds=ctx.timer.t)
+    return version, writers, manifest
+
+
+def _publish(ctx: BuildContext, version: str) -> bool:
+    """Register the version as a candidate (the collection's first, or any with ``promote``, goes live);
+    returns whether it is live."""
+    opts, settings = ctx.opts, ctx.settings
+    if not (opts.publish or opts.promote):
+        return False
+    registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
+    try:
+        state = registry.publish(ctx.name, version, actor="trainer build")
+        if opts.promote or state.live is None:
+            registry.promote(ctx.name, version, actor="trainer build")
+            return True
+        return False
+    finally:
+        registry.close()
+
+
+def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     """Build (and optionally publish) a version; returns its directory and the manifest.
+
+    The steps (module docstring) run in order over one :class:`BuildContext`.
 
     Args:
         opts: :class:`BuildOptions`.
@@ -184,232 +490,19 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, dict]:
     Raises:
         engine.io.beir.DatasetFormatError: on malformed input files.
         ValueError: on inconsistent options (e.g. an action pair below m0).
+        engine.scorers.CrossEncoderNotFoundError: ``tiers`` without a cross-encoder export.
     """
-    import faiss
-
-    from trainer.adapter import AdapterConfig, train_adapter
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-    from trainer.router_fit import fit_router
-
-    if opts.rotation not in ROTATIONS:
-        raise ValueError(f"rotation must be one of {ROTATIONS}, got {opts.rotation!r}")
-    for low, high in opts.action_pairs:
-        if not opts.m0 <= low < high <= encoder.dimension:
-            raise ValueError(f"action pair ({low}, {high}) must satisfy m0={opts.m0} <= l < h <= {encoder.dimension}")
-    if tuple(opts.default_pair) not in {tuple(p) for p in opts.action_pairs}:
-        raise ValueError(f"default pair {opts.default_pair} is not among the action pairs")
-    timer = _Timer()
-    rng_seed = opts.seed
-    ds_fingerprint = dataset_fingerprint(opts.dataset)  # before reading: a change while building is seen next poll
-    splits = available_splits(opts.dataset)
-    eval_split = opts.eval_split if opts.eval_split in splits else None
-    train_split = opts.train_split if opts.train_split in splits else None
-    if train_split is None and (opts.rotation.startswith("adapter") or opts.stage1_policy):
-        what = f"rotation {opts.rotation!r}" if opts.rotation.startswith("adapter") else "the stage-1 policy"
-        raise ValueError(f"{what} needs training qrels ({opts.train_split!r} split not found in {opts.dataset}; "
-                         f"it has {splits or 'no'} splits)")
-    if opts.tiers and train_split is None:
-        raise ValueError(f"the difficulty head (--tiers) needs training qrels ({opts.train_split!r} split not found)")
-    if opts.tiers:  # fail before encoding, not after
-        from engine.scorers import CrossEncoderNotFoundError
-
-        ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"
-        if not (Path(ce_dir) / "cross_encoder.json").is_file():
-            raise CrossEncoderNotFoundError(f"--tiers needs a cross-encoder export at {ce_dir} "
-                                            "(python -m trainer.dart.cross_encoder --dataset ...)")
-    col = load_collection(opts.dataset, eval_split or (splits[0] if splits else "test"))
-    name = opts.collection or col.name
-    doc_ids = [d.doc_id for d in col.corpus]
-    row_of = {d: i for i, d in enumerate(doc_ids)}
-    train_qrels = load_qrels(opts.dataset, train_split) if train_split else {}
-    eval_qrels = col.qrels if eval_split else {}
-
-    cache = EmbeddingCache(settings.embedding_cache, encoder.dimension)
-    with timer("encode corpus"):
-        if opts.embeddings is not None:  # shards of the Ray Data encoding job (trainer/ray_encode.py)
-            from trainer.ray_encode import read_shards
-
-            X, n_encoded = read_shards(opts.embeddings, doc_ids), 0
-        else:
-            X, n_encoded = encode_with_cache(encoder, [d.encoder_text() for d in col.corpus], cache,
-                                             batch_size=settings.encode_batch_size, desc=f"encoding {name} corpus")
-    qids = sorted(set(train_qrels) | set(eval_qrels))
-    qids = [q for q in qids if q in col.queries]
-    with timer("encode queries"):
-        QE, _ = encode_with_cache(encoder, [col.queries[q] for q in qids], cache, desc=f"encoding {name} queries")
-    cache.close()
-    emb_of = dict(zip(qids, QE))
-    train = _query_set(col, train_qrels, emb_of) if train_qrels else None
-    test = _query_set(col, eval_qrels, emb_of) if eval_qrels else None
-
-    tiers_meta, tier_head = None, None
-    if opts.tiers:
-        if train is None or not train.ids:
-            raise ValueError("the difficulty head (--tiers) needs training queries (a train split)")
-        with timer("difficulty head"):
-            tier_head, tiers_meta = _fit_tier_head(opts, settings, encoder, X, col, train, rng_seed)
-
-    cars_meta, cars_writers = None, {}
-    if opts.cars is not None:
-        from trainer.cars import apply_cars
-
-        with timer("cars"):  # maps the corpus and every query set into the selected adapter's space
-            X, train, test, cars_writers, cars_meta = apply_cars(opts.cars, X, train, test, row_of, rng_seed)
-
-    D = encoder.dimension
-    rotations = {"identity": np.eye(D)}
-    with timer("pca rotation"):
-        rotations["pca"] = pca_rotation(X)
-    adapter_report = None
-    positives = None
-    if opts.rotation.startswith("adapter"):
-        if train is None or not train.ids:
-            raise ValueError(f"rotation {opts.rotation!r} needs training qrels ({opts.train_split!r} split not found)")
-        base = rotations["pca"] if opts.rotation == "adapter_on_pca" else rotations["identity"]
-        cfg = AdapterConfig(seed=rng_seed, **opts.adapter)
-        positives = [np.array([row_of[d] for d, g in j.items() if g > 0 and d in row_of]) for j in train.judgments]
-        with timer("adapter training"):
-            R_learned, adapter_report = train_adapter(train.emb @ base.T, X @ base.T, positives, cfg)
-        rotations[opts.rotation] = R_learned @ base
-        adapter_report["config"] = cfg.as_manifest()
-        adapter_report["loss_history"] = cfg.history
-    R = rotations[opts.rotation]
-    if orthogonality_error(R) > 1e-4:
-        raise RuntimeError(f"served rotation is not orthogonal (error {orthogonality_error(R):.2e})")
-    X_rot = np.ascontiguousarray(X @ R.T, dtype=np.float32)
-    funnel = Funnel.build(X_rot, doc_ids, opts.m0, opts.shortlist)
-
-    routers, router_meta = {}, {}
-    if train is not None and train.ids:
-        crossfit = opts.rotation.startswith("adapter") and opts.router_crossfit_folds >= 2
-        with timer("router training data" + (f" ({opts.router_crossfit_folds}-fold cross-fitted adapters)" if crossfit else "")):
-            s1_scores, gains_by_pair, parts = _router_training_data(
-                opts, train, X, doc_ids, R, rotations, positives if crossfit else None, rng_seed)
-        for pair in opts.action_pairs:
-            with timer(f"router {pair}"):
-                fit = fit_router(s1_scores, gains_by_pair[pair], pair, seed=rng_seed)
-            routers[pair] = fit
-            gains = gains_by_pair[pair]
-            router_meta[f"{pair[0]}_{pair[1]}"] = {
-                "file": f"router_{pair[0]}_{pair[1]}.txt",
-                "action_pair": list(pair),
-                "calibration_predictions": sorted(float(v) for v in fit.oof_predictions),
-                "calibration": "5-fold out-of-fold router predictions on the training queries"
-                               + (", whose features come from adapters that did not see them (cross-fitted)" if crossfit else ""),
-                "train_queries": len(gains),
-                "share_gain_positive": float(np.mean(gains > 0)),
-                "share_gain_negative": float(np.mean(gains < 0)),
-            }
-
-    policy = None
-    if opts.stage1_policy:
-        if train is None or not train.ids:
-            raise ValueError("the stage-1 policy needs training queries (a train split)")
-        from trainer.stage1_policy_fit import fit_stage1_policy, policy_training_data
-
-        grid = stage1_policy.default_grid()
-        with timer("stage-1 policy"):
-            feats, agree = policy_training_data(X, train.emb, parts, grid)
-            policy = fit_stage1_policy(feats, agree, grid, X.shape[0], D, seed=rng_seed)
-
-    evaluation = None
-    if test is not None and test.ids:
-        with timer("evaluation"):
-            evaluation = _evaluate(opts, rotations, X, doc_ids, test, train_qrels, funnel, R, routers)
-            if policy is not None:
-                evaluation["stage1_policy"] = _evaluate_policy(opts, policy, X_rot, R, doc_ids, test, train_qrels)
-
-    capacity = None
-    if opts.capacity and test is not None and test.ids:
-        with timer("capacity report"):
-            capacity = capacity_for_version(opts, test, X_rot, R, doc_ids, funnel, routers, name)
-
-    fingerprint = corpus_fingerprint(col)
-    version = store.new_version_id(hashlib.sha256(
-        (fingerprint + encoder.info.onnx_sha256 + R.astype(np.float32).tobytes().hex()[:4096]).encode()).hexdigest())
-    index = faiss.IndexFlatIP(opts.m0)
-    index.add(prefix_normalize(X_rot, opts.m0))
-    writers = {
-        "rotation.npy": lambda p: np.save(p, R.astype(np.float32)),
-        "docs.npy": lambda p: np.save(p, X_rot),
-        "doc_sqnorm_m0.npy": lambda p: np.save(p, funnel.doc_sqnorm_m0.astype(np.float32)),
-        "doc_ids.json": lambda p: p.write_text(json.dumps(doc_ids), encoding="utf-8"),
-        "stage1.faiss": lambda p: faiss.write_index(index, str(p)),
-    }
-    for pair, fit in routers.items():
-        writers[f"router_{pair[0]}_{pair[1]}.txt"] = (lambda b: (lambda p: b.save_model(str(p))))(fit.booster)
-    writers.update(cars_writers)
-    texts = [d.encoder_text() for d in col.corpus]  # the rerank tiers (MaxSim, cross-encoder) read these
-    writers["encoder_text.json"] = lambda p: p.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
-    if tier_head is not None:
-        writers["difficulty_head.npy"] = lambda p: np.save(p, tier_head.astype(np.float32))
-    lexical_meta = None
-    if opts.lexical:
-        from engine.lexical import lexical_writers
-
-        with timer("lexical index"):
-            lex_writers, lexical_meta = lexical_writers([d.encoder_text() for d in col.corpus],
-                                                        [d.fields for d in col.corpus])
-        writers.update(lex_writers)
-    if policy is not None:
-        writers["stage1_policy.txt"] = lambda p: policy.booster.save_model(str(p))
-    if capacity is not None:
-        from trainer.capacity_report import file_writers
-
-        writers.update(file_writers(capacity, f"{name} ({opts.rotation} rotation, {eval_split} split)"))
-    manifest = {
-        "collection": name,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "encoder": encoder.info.as_manifest(),
-        "dimension": D,
-        "m0": opts.m0,
-        "shortlist": opts.shortlist,
-        "stage1": {"kind": "faiss.IndexFlatIP", "metric": "inner product of L2-normalised m0-prefixes"},
-        "theta": 0.05,
-        "adapter": {"kind": opts.rotation, "sha256": hashlib.sha256(R.astype(np.float32).tobytes()).hexdigest(),
-                    "training": adapter_report},
-        "router": {"feature_names": list(__import__("adawidth.router", fromlist=["FEATURE_NAMES"]).FEATURE_NAMES),
-                   "model": "lightgbm regression of g(q) = NDCG@10_h - NDCG@10_l (Eq. 12 of 001)",
-                   "default_pair": list(opts.default_pair) if routers else None,
-                   "default_rho": opts.default_rho,
-                   "pairs": router_meta},
-        "corpus": {"fingerprint": fingerprint, "documents": len(doc_ids), "dataset": str(opts.dataset),
-                   "dataset_fingerprint": ds_fingerprint,
-                   "encoded_now": n_encoded, "train_split": train_split, "eval_split": eval_split},
-        "stage1_policy": None if policy is None else {
-            "file": "stage1_policy.txt", "block": stage1_policy.BLOCK, "tau": opts.stage1_policy_tau,
-            "grid": [vars(c) for c in policy.grid], "feature_names": list(stage1_policy.EVIDENCE_NAMES + stage1_policy.CONFIG_NAMES),
-            "model": "lightgbm regression of the top-10 agreement with exhaustive full-width search",
-            "train_queries": policy.train_queries,
-            "mean_agreement_by_config": [float(v) for v in policy.mean_agreement]},
-        "evaluation": evaluation,
-        "lexical": lexical_meta,
-        "cars": cars_meta,
-        "rerank": {"text_file": "encoder_text.json", "depth": RERANK_DEPTH,
-                   "text": "title + ' ' + text, as encoded; tiers 'maxsim' and 'cross_encoder' rerank on it"},
-        "tiers": tiers_meta,
-        "capacity": _capacity_summary(capacity),
-        "build_seconds": timer.t,
-    }
-    coll_dir = Path(settings.index_root) / name
-    path = store.write_version(coll_dir, version, writers, manifest)
-    from trainer.milvus_stage1 import write_for_settings
-
+    _check_options(opts, settings, encoder.dimension)
+    ctx = BuildContext(opts, settings, encoder)
+    for step in (_read_dataset, _encode, _difficulty_head, _cars, _rotations, _routers, _funnel_policy,
+                 _evaluation_and_capacity):
+        step(ctx)
+    version, writers, manifest = _version_files(ctx)
+    path = write_version(Path(settings.index_root) / ctx.name, version, writers, manifest)
     write_for_settings(settings, path)  # stage 1 on Milvus: the version's collection exists before it is published
-    live = False
-    if opts.publish or opts.promote:
-        from engine.registry import open_registry
-
-        registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
-        try:
-            state = registry.publish(name, version, actor="trainer build")
-            if opts.promote or state.live is None:
-                registry.promote(name, version, actor="trainer build")
-                live = True
-        finally:
-            registry.close()
+    live = _publish(ctx, version)
     log.info("wrote %s%s", path, " (live)" if live else " (candidate)" if opts.publish else "")
-    return path, store.read_manifest(path)
+    return path, read_manifest(path)
 
 
 def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,
@@ -421,10 +514,7 @@ def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Co
         engine.scorers.CrossEncoderNotFoundError: no cross-encoder export.
         ValueError: no training query left to label.
     """
-    from engine.scorers import CrossEncoderScorer
-    from trainer.dart.tier_head import fit_head, tier_quality
-
-    ce_dir = opts.cross_encoder or settings.home / "models" / "minilm-cross-encoder"
+    ce_dir = _cross_encoder_dir(opts, settings)
     ce = CrossEncoderScorer(ce_dir, threads=settings.encoder_threads)
     trained_on = set(ce.meta.get("train_query_ids") or [])
     pick = [i for i, q in enumerate(train.ids) if q not in trained_on]
@@ -441,7 +531,7 @@ def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Co
     report.update(split=opts.train_split, cross_encoder_held_out=True,
                   labels={"query_ids": [train.ids[i] for i in pick],
                           "ndcg10": [[round(float(v), 4) for v in row] for row in quality["ndcg10"]]})
-    return W, {"head": {"file": "difficulty_head.npy", **report},
+    return W, {"head": report,
                "cross_encoder": {k: ce.meta.get(k) for k in ("model_name", "onnx_sha256", "max_tokens", "dataset")},
                "rerank_depth": RERANK_DEPTH}
 
@@ -466,8 +556,6 @@ def _evaluate(opts: BuildOptions, rotations: dict, X: np.ndarray, doc_ids: list[
         rows[f"funnel/{opts.rotation}/{w}"] = {s: score_rankings(ranks, test, m) for s, m in subsets.items()}
     routed = {}
     if routers:
-        from adawidth.router import router_feature_matrix
-
         feats = router_feature_matrix(list(s1[1]))
         for pair, fit in routers.items():
             pred = fit.booster.predict(feats)
@@ -494,9 +582,6 @@ def _router_training_data(opts: BuildOptions, train: QuerySet, X: np.ndarray, do
     fitted on them learns the wrong distribution and its threshold escalates
     far more unseen queries than its target ρ.
     """
-    from trainer.adapter import AdapterConfig, train_adapter
-    from trainer.router_fit import escalation_gains
-
     n = len(train.ids)
     C = min(opts.shortlist, X.shape[0])
     scores = np.empty((n, C), dtype=np.float32)
@@ -527,19 +612,16 @@ def _router_training_data(opts: BuildOptions, train: QuerySet, X: np.ndarray, do
 def _evaluate_policy(opts: BuildOptions, policy, X_rot: np.ndarray, R: np.ndarray, doc_ids: list[str],
                      test: QuerySet, train_qrels: dict) -> dict:
     """NDCG@10 and mean work of the served funnel policy on the evaluation queries (all and unseen)."""
-    from adawidth.blocked import BlockedCorpus
-    from adawidth.metrics import ndcg_at_k
-
     bc = BlockedCorpus(X_rot, stage1_policy.BLOCK)
     cited = {d for j in train_qrels.values() for d, g in j.items() if g > 0}
-    nd, work, unseen = [], [], []
-    for q, judg in zip(test.emb, test.judgments):
+    ranked, work = [], []
+    for q in test.emb:
         res, _ = stage1_policy.resolve_adaptive(bc, (R @ q).astype(np.float32), policy.booster.predict, policy.grid,
                                                opts.stage1_policy_tau, 10)
-        nd.append(ndcg_at_k([doc_ids[r] for r in res.rows], judg, 10))
+        ranked.append(res.rows)
         work.append(res.coordinates_scored)
-        unseen.append(not any(d in cited for d, g in judg.items() if g > 0))
-    nd, unseen = np.array(nd), np.array(unseen)
+    nd = ranking_metric(ranked, test.judgments, "ndcg", 10, doc_ids)
+    unseen = np.array([not any(d in cited for d, g in judg.items() if g > 0) for judg in test.judgments], dtype=bool)
     full = X_rot.shape[0] * X_rot.shape[1]
     return {"tau": opts.stage1_policy_tau, "ndcg@10": float(nd.mean()),
             "ndcg@10_unseen": float(nd[unseen].mean()) if unseen.any() else None,

@@ -20,8 +20,12 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
 from adawidth import cars
+from adawidth.prefix import top_k
+from engine.version.files import cars_files
+from trainer.evaluate import QuerySet
 
 
 @dataclass
@@ -59,8 +63,7 @@ def make_triples(Q: np.ndarray, X: np.ndarray, positives: list[np.ndarray], cfg:
     for i, pos in enumerate(positives):
         if len(pos) == 0:
             continue
-        top = np.argpartition(-S[i], pool - 1)[:pool]
-        top = top[np.argsort(-S[i, top])]
+        top = top_k(S[i], pool)
         neg = np.array([r for r in top if r not in set(pos.tolist())][:cfg.negatives_pool], dtype=np.int64)
         if len(neg) == 0:
             continue
@@ -78,8 +81,6 @@ def fit_operator(Q: np.ndarray, X: np.ndarray, triples, geometry: str, cfg: Cars
     Raises:
         ValueError: for an unknown geometry or no triples.
     """
-    import torch
-
     if geometry not in ("shared", "dual"):
         raise ValueError(f"geometry must be 'shared' or 'dual', got {geometry!r}")
     qi, pi, ni = triples
@@ -159,8 +160,6 @@ def apply_cars(overrides: dict, X: np.ndarray, train, test, row_of: dict, seed: 
     Raises:
         ValueError: without training queries.
     """
-    from trainer.evaluate import QuerySet
-
     if train is None or not train.ids:
         raise ValueError("CARS needs training qrels")
     cfg = CarsConfig(**overrides)
@@ -175,12 +174,12 @@ def apply_cars(overrides: dict, X: np.ndarray, train, test, row_of: dict, seed: 
         return None if qs is None else QuerySet(qs.ids, (qs.emb @ Qm.T).astype(np.float32), qs.judgments)
 
     Qm32, Dm32 = Qm.astype(np.float32), Dm.astype(np.float32)
-    writers = {"query_map.npy": lambda p: np.save(p, Qm32), "doc_map.npy": lambda p: np.save(p, Dm32)}
+    writers, names = cars_files(Qm32, Dm32)
     meta = {"selected": ev["choice"], "score": ev["score"], "rule": ev["rule"], "splits": ev["splits"],
             "rank": cfg.rank, "config": ev["config"], "train_queries": ev["train_queries"], "triples": ev["triples"],
             "loss": {g: f["loss"] for g, f in ev["fits"].items()},
             "operator_norms": {g: float(np.linalg.norm(f["M"])) for g, f in ev["fits"].items()},
-            "query_map_file": "query_map.npy", "doc_map_file": "doc_map.npy",
+            **names,
             "query_map_sha256": hashlib.sha256(Qm32.tobytes()).hexdigest(),
             "scoring": "s(q, d) = (Q q) . (D d) = q^T (I + M) d; the rotation and the prefix funnel act on the "
                        "mapped vectors (docs/METHOD.md)", "seconds": ev["seconds"]}

@@ -26,12 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, start_http_server
+
+from engine.encoder import OnnxEncoder
 from engine.io.beir import DatasetFormatError
 from trainer import data_cli, registry_cli, scale_cli
 from trainer.config import TrainerSettings
+from trainer.export_onnx import export_encoder
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -43,6 +49,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer``: parse the command line and run one command; returns the exit status (2: bad input)."""
     parser = argparse.ArgumentParser(prog="trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", type=Path, help="working folder (env ADAWIDTH_HOME, default var)")
@@ -73,15 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     settings = TrainerSettings(**({"home": args.home} if args.home else {})).resolved()
 
+    # trainer.build and trainer.serve import torch: imported only by the commands that train, so that the
+    # registry and scale-out commands start in a fraction of a second
     if args.command == "export-encoder":
-        from trainer.export_onnx import export_encoder
-
         print(export_encoder(settings.encoder_dir))
         return 0
     if args.command in ("build", "serve"):
-        from engine.encoder import OnnxEncoder
         from trainer.build import BuildOptions, build_index
-        from trainer.export_onnx import export_encoder
 
         export_encoder(settings.encoder_dir)
         encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             hint = " (use --rotation pca for a collection without a train split)" if "needs training" in str(e) else ""
             print(f"error: {e}{hint}", file=sys.stderr)
             return 2
-        print(json.dumps({"version": manifest["version"], "path": str(path), "registered": not args.no_publish}))
+        print(json.dumps({"version": manifest.version, "path": str(path), "registered": not args.no_publish}))
         return 0
     if args.command in registry_cli.COMMANDS:
         return registry_cli.run(args, settings)
@@ -126,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args, opts, settings, encoder) -> int:
     """Run the trainer daemon until SIGTERM / SIGINT."""
-    import signal
-    import threading
-
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    from trainer.serve import TrainerDaemon, TrainerMetrics
+    from trainer.serve import TrainerDaemon, TrainerMetrics  # imports torch (see main)
 
     registry = CollectorRegistry()
     daemon = TrainerDaemon(opts, settings, encoder, TrainerMetrics(registry))

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.home import with_home_defaults
+
 
 class TrainerSettings(BaseSettings):
     """Built once in the CLI and passed down; nothing reads the environment at import time."""
@@ -33,10 +35,5 @@ class TrainerSettings(BaseSettings):
                                     "unset: a local Ray started in process.")
 
     def resolved(self) -> "TrainerSettings":
-        """A copy with every default path filled in under ``home``."""
-        return self.model_copy(update={
-            "index_root": self.index_root or self.home / "indexes",
-            "encoder_dir": self.encoder_dir or self.home / "models" / "minilm-onnx",
-            "embedding_cache": self.embedding_cache or self.home / "cache" / "embeddings.sqlite",
-            "milvus_uri": self.milvus_uri or str(self.home / "milvus.db"),
-        })
+        """A copy with every default path filled in under ``home`` (:func:`engine.home.home_defaults`)."""
+        return with_home_defaults(self, ("index_root", "encoder_dir", "embedding_cache", "milvus_uri"))

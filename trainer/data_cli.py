@@ -198,7 +198,7 @@ def _evaluate(args, settings) -> int:
                                                     args.tag or f"adawidth-{label}")
         rows.append(row)
     summary = {"collection": collection, "version": version.version, "split": args.split, "k": args.k,
-               "rotation": version.manifest["adapter"]["kind"], "policies": rows}
+               "rotation": version.manifest.adapter.kind if version.manifest.adapter else None, "policies": rows}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2), encoding="utf-8")

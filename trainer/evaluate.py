@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from adawidth.funnel import exact_stage1_batch, resolve
-from adawidth.metrics import ndcg_at_k, recall_at_k
+from adawidth.metrics import ranking_metric
 from adawidth.prefix import exact_prefix_search, prefix_normalize
 
 
@@ -25,17 +25,18 @@ class QuerySet:
 
 
 def score_rankings(rankings: list[list[str]], qs: QuerySet, subset: np.ndarray | None = None) -> dict:
-    """Mean NDCG@10 and Recall@100 of ranked id lists (one per query of ``qs``)."""
+    """Mean NDCG@10 and Recall@100 of ranked id lists (one per query of ``qs``; ``subset``: (Q,) bool of the
+    queries averaged, None for all); NaN over no query."""
     idx = np.arange(len(rankings)) if subset is None else np.flatnonzero(subset)
-    nd = [ndcg_at_k(rankings[i], qs.judgments[i], 10) for i in idx]
-    rc = [recall_at_k(rankings[i], qs.judgments[i], 100) for i in idx]
-    return {"ndcg@10": float(np.mean(nd)) if nd else float("nan"),
-            "recall@100": float(np.mean(rc)) if rc else float("nan"), "queries": int(len(idx))}
+    ranked, judged = [rankings[i] for i in idx], [qs.judgments[i] for i in idx]
+    nd, rc = ranking_metric(ranked, judged, "ndcg", 10), ranking_metric(ranked, judged, "recall", 100)
+    return {"ndcg@10": float(nd.mean()) if len(nd) else float("nan"),
+            "recall@100": float(rc.mean()) if len(rc) else float("nan"), "queries": int(len(idx))}
 
 
 def per_query_ndcg(rankings: list[list[str]], qs: QuerySet) -> np.ndarray:
-    """(Q,) NDCG@10 of each query."""
-    return np.array([ndcg_at_k(r, j, 10) for r, j in zip(rankings, qs.judgments)])
+    """(Q,) float64 NDCG@10 of each query."""
+    return ranking_metric(rankings, qs.judgments, "ndcg", 10)
 
 
 def exact_rankings(R: np.ndarray, X: np.ndarray, qs: QuerySet, doc_ids: list[str], width: int,
@@ -57,14 +58,17 @@ class Funnel:
 
     @classmethod
     def build(cls, X_rot: np.ndarray, doc_ids: list[str], m0: int, shortlist: int) -> "Funnel":
+        """Hold rotated documents X_rot (N, D) with their m0 partial norms (float32 rows, C-contiguous)."""
         X_rot = np.ascontiguousarray(X_rot, dtype=np.float32)
         return cls(X_rot, np.einsum("ij,ij->i", X_rot[:, :m0], X_rot[:, :m0]), doc_ids, m0, shortlist)
 
     def stage1(self, q_rot: np.ndarray, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact stage 1 of rotated queries (Q, D): (rows (Q, C) int64, prefix cosines (Q, C) float32), C = ``size`` or the shortlist."""
         return exact_stage1_batch(q_rot, prefix_normalize(self.docs, self.m0), self.m0, size or self.shortlist)
 
     def rankings(self, q_rot: np.ndarray, stage1: tuple[np.ndarray, np.ndarray], widths: list[int],
                  k: int = 100) -> list[list[str]]:
+        """Top-``k`` ids of each query, its shortlist rescored at ``widths[i]`` by :func:`adawidth.funnel.resolve`."""
         rows, scores = stage1
         out = []
         for i, w in enumerate(widths):

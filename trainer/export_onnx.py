@@ -17,12 +17,11 @@ it is written atomically and reused when present.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 
-from engine.version.store import sha256_file
+from engine.io import atomic
+from engine.io.checksum import sha256_file
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TOKENS = 256
@@ -71,10 +70,7 @@ def export_encoder(out_dir: Path | str, *, force: bool = False, model_dir: Path 
 
     wrapper = SentenceEncoder(model)
     dummy = torch.ones((2, 8), dtype=torch.long)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic.atomic_path(out_dir, directory=True) as tmp:  # a reader sees the old export or the new one
         with torch.no_grad():
             torch.onnx.export(
                 wrapper, (dummy, dummy, torch.zeros_like(dummy)), str(tmp / "model.onnx"),
@@ -104,10 +100,4 @@ def export_encoder(out_dir: Path | str, *, force: bool = False, model_dir: Path 
             **(extra_meta or {}),
         }
         (tmp / "encoder.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

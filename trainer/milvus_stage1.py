@@ -1,77 +1,26 @@
 """Write an index version's stage-1 and rescoring prefixes to Milvus (the ``milvus`` stage-1 backend).
 
-One collection per index version, named by the version
-(:func:`engine.stage1.milvus_collection_name`), so publishing a new version never
-touches the collection live traffic reads, and the registry alone says which
-version is live (the gateway never follows a Milvus alias).  Fields:
-
-=============  ==========================  ================================================
-``row``        INT64, primary key          the document's row in the version (``doc_ids.json``)
-``stage1``     FLOAT_VECTOR (m0)           ``prefix_normalize(docs, m0)``; index FLAT, metric IP
-``rescore``    FLOAT_VECTOR (H, default D)  rotated document prefix ``docs[:, :H]``; index FLAT, metric IP
-``sqnorm_m0``  FLOAT                       ``||d[:m0]||^2`` (``doc_sqnorm_m0.npy``)
-=============  ==========================  ================================================
-
-The stage-1 vectors are the very float32 values the version's ``stage1.faiss``
-was built from, and FLAT is exhaustive, so Milvus's shortlist equals faiss's up
-to ties (tested in ``tests/integration/test_milvus_stage1.py``).  The collection's
-property ``adawidth.version`` records the version, adapter hash, m0, H and the document count; the
-gateway refuses a collection that does not match the manifest.
+The collection's name, schema, rows and description are the format's (:mod:`engine.version.milvus`); this
+module writes a built version into it (``trainer milvus-write``, and ``trainer build`` / ``publish`` with
+``ADAWIDTH_STAGE1_BACKEND=milvus``) and drops the collections of versions the registry no longer names
+(``trainer milvus-gc``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from engine.version import store
-from adawidth.prefix import prefix_normalize
-from engine.stage1 import (META_PROPERTY, RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
-                            version_description)
+from engine.stage1 import open_milvus_client
+from engine.version import manifest as mf
+from engine.version.files import read_core
+from engine.version.milvus import (META_PROPERTY, create_version_collection, insert_rows, milvus_collection_name,
+                                   version_description)
 
 log = logging.getLogger(__name__)
-
-
-def create_version_collection(client, name: str, m0: int, rescore_width: int, description: str) -> None:
-    """Create the (empty) collection of one version with FLAT / IP indexes on both vector fields.
-
-    Raises:
-        pymilvus.MilvusException: when Milvus refuses (e.g. the name exists).
-    """
-    from pymilvus import DataType, MilvusClient
-
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field(ROW_FIELD, DataType.INT64, is_primary=True)
-    schema.add_field(STAGE1_FIELD, DataType.FLOAT_VECTOR, dim=int(m0))
-    schema.add_field(RESCORE_FIELD, DataType.FLOAT_VECTOR, dim=int(rescore_width))
-    schema.add_field(SQNORM_FIELD, DataType.FLOAT)
-    index = client.prepare_index_params()
-    index.add_index(field_name=STAGE1_FIELD, index_type="FLAT", metric_type="IP")
-    index.add_index(field_name=RESCORE_FIELD, index_type="FLAT", metric_type="IP")
-    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
-    client.alter_collection_properties(name, {META_PROPERTY: description})
-
-
-def insert_rows(client, name: str, batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], m0: int,
-                rescore_width: int) -> int:
-    """Insert batches of ``(rows (b,) int64, rotated docs (b, >= H) float32, sqnorm_m0 (b,))``; returns rows inserted.
-
-    The stage-1 field gets ``prefix_normalize(docs, m0)``, computed here exactly as the faiss index's input.
-    """
-    n = 0
-    for rows, docs, sq in batches:
-        docs = np.asarray(docs, dtype=np.float32)
-        s1 = prefix_normalize(docs, m0)
-        resc = np.ascontiguousarray(docs[:, :rescore_width])
-        data = [{ROW_FIELD: int(r), STAGE1_FIELD: s1[i], RESCORE_FIELD: resc[i], SQNORM_FIELD: float(sq[i])}
-                for i, r in enumerate(rows)]
-        client.insert(name, data)
-        n += len(data)
-    return n
 
 
 def write_version(client, version_dir: Path | str, *, prefix: str = "adawidth", rescore_width: int | None = None,
@@ -89,13 +38,13 @@ def write_version(client, version_dir: Path | str, *, prefix: str = "adawidth", 
         ``{"collection", "rows", "seconds", "written"}`` (written False when it was already there).
 
     Raises:
-        engine.version.store.IndexVersionError: the version does not verify.
+        engine.version.manifest.IndexVersionError: the version does not verify.
     """
     version_dir = Path(version_dir)
-    manifest = store.verify_version(version_dir)
-    m0, D, N = manifest["m0"], manifest["dimension"], manifest["corpus"]["documents"]
+    manifest = mf.verify(version_dir)
+    m0, D, N = manifest.m0, manifest.dimension, manifest.corpus.documents
     H = int(rescore_width or D)
-    name = milvus_collection_name(manifest["collection"], manifest["version"], prefix)
+    name = milvus_collection_name(manifest.collection, manifest.version, prefix)
     desc = version_description(manifest, H)
     start = time.perf_counter()
     if client.has_collection(name):
@@ -106,8 +55,8 @@ def write_version(client, version_dir: Path | str, *, prefix: str = "adawidth", 
             return {"collection": name, "rows": rows, "seconds": 0.0, "written": False}
         log.warning("Milvus collection %s is incomplete or differs (%s rows); rewriting it", name, rows)
         client.drop_collection(name)
-    docs = np.load(version_dir / "docs.npy", mmap_mode="r")
-    sq = np.load(version_dir / "doc_sqnorm_m0.npy")
+    core = read_core(version_dir, manifest)
+    docs, sq = core.docs, core.doc_sqnorm_m0
     create_version_collection(client, name, m0, H, desc)
     batches = ((np.arange(s, min(s + batch_size, N)), docs[s:s + batch_size], sq[s:s + batch_size])
                for s in range(0, N, batch_size))
@@ -115,7 +64,7 @@ def write_version(client, version_dir: Path | str, *, prefix: str = "adawidth", 
     client.flush(name)
     client.load_collection(name)
     seconds = time.perf_counter() - start
-    log.info("wrote %d rows of %s to Milvus collection %s in %.1f s", n, manifest["version"], name, seconds)
+    log.info("wrote %d rows of %s to Milvus collection %s in %.1f s", n, manifest.version, name, seconds)
     return {"collection": name, "rows": n, "seconds": round(seconds, 3), "written": True}
 
 
@@ -134,8 +83,6 @@ def drop_unlisted(client, collection: str, keep: set[str], prefix: str = "adawid
 
 def open_client(settings):
     """The trainer's Milvus client from :class:`trainer.config.TrainerSettings` (resolved)."""
-    from engine.stage1 import open_milvus_client
-
     return open_milvus_client(settings.milvus_uri, settings.milvus_token)
 
 

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.encoder import OnnxEncoder
+from engine.io.beir import Document
+
 log = logging.getLogger(__name__)
 
 
@@ -57,8 +60,6 @@ def _corpus_file(dataset: Path) -> Path:
 
 
 def _encoder_text(batch: dict) -> dict:
-    from engine.io.beir import Document
-
     titles = batch["title"] if "title" in batch else [""] * len(batch["_id"])
     return {"doc_id": np.array([str(i) for i in batch["_id"]], dtype=object),
             "text": np.array([Document(str(i), t or "", x).encoder_text()
@@ -69,8 +70,6 @@ class _Encode:
     """Ray Data actor: one ONNX encoder per actor, reused across batches."""
 
     def __init__(self, encoder_dir: str, threads: int, batch_size: int):
-        from engine.encoder import OnnxEncoder
-
         self.encoder = OnnxEncoder(encoder_dir, threads=threads, prefer_gpu=False, spin=False)
         self.batch_size = batch_size
 

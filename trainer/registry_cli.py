@@ -13,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from engine.version import store
-from adawidth.router import FEATURE_NAMES
+from engine.encoder import OnnxEncoder
+from engine.gate import load_gate_config, run_gate
+from engine.index import IndexVersion
 from engine.registry import open_registry
 from engine.registry.base import Registry
 from engine.registry.state import RegistryError, RegistryUnavailable, check_version_name
+from engine.version import store
+from engine.version.manifest import Expect, IndexVersionError, Manifest, verify
+from trainer.milvus_stage1 import write_for_settings
 
 
 def add_commands(sub) -> None:
@@ -49,18 +53,10 @@ def add_commands(sub) -> None:
 COMMANDS = ("list", "publish", "promote", "rollback", "status")
 
 
-def _verify(coll_dir: Path, version: str, encoder_sha256: str | None) -> dict:
+def _verify(settings, coll_dir: Path, version: str) -> Manifest:
+    """The one verification (:func:`engine.version.manifest.verify`) against the configured encoder export."""
     check_version_name(version)
-    m = store.verify_version(coll_dir / version, encoder_sha256=encoder_sha256)
-    names = (m.get("router") or {}).get("feature_names")
-    if (m.get("router") or {}).get("pairs") and list(names or ()) != list(FEATURE_NAMES):
-        raise store.IndexVersionError("schema", f"router feature names {names} differ from {list(FEATURE_NAMES)}")
-    return m
-
-
-def _encoder_sha256(settings) -> str | None:
-    meta = Path(settings.encoder_dir) / "encoder.json"
-    return json.loads(meta.read_text(encoding="utf-8"))["onnx_sha256"] if meta.is_file() else None
+    return verify(coll_dir / version, Expect.of_export(settings.encoder_dir, collection=coll_dir.name, version=version))
 
 
 def run(args, settings) -> int:
@@ -71,7 +67,7 @@ def run(args, settings) -> int:
     except RegistryUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except (RegistryError, store.IndexVersionError) as e:
+    except (RegistryError, IndexVersionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -94,9 +90,7 @@ def _run(args, settings, registry: Registry) -> int:
                          indent=2, sort_keys=True))
         return 0
     if args.command == "publish":
-        _verify(coll_dir, args.version, _encoder_sha256(settings))
-        from trainer.milvus_stage1 import write_for_settings
-
+        _verify(settings, coll_dir, args.version)
         write_for_settings(settings, coll_dir / args.version)  # with stage 1 on Milvus: its collection first
         st = registry.publish(coll, args.version, actor=actor)
         print(json.dumps({"published": args.version, "state": st.as_dict()}))
@@ -117,7 +111,7 @@ def _promote(args, settings, registry: Registry, coll: str, coll_dir: Path, acto
         raise RegistryError("unknown_version", f"{coll!r} has no candidate to promote")
     if version != st.live and version not in st.candidates:
         raise RegistryError("unknown_version", f"{version!r} is not a candidate of {coll!r} (publish it first)")
-    _verify(coll_dir, version, _encoder_sha256(settings))
+    _verify(settings, coll_dir, version)
     if args.require_warm:
         deadline = time.monotonic() + args.wait_s
         while len(warm := registry.warm_replicas(coll, version)) < args.require_warm:
@@ -146,12 +140,7 @@ def _promote(args, settings, registry: Registry, coll: str, coll_dir: Path, acto
 
 
 def _gate(settings, coll_dir: Path, live: str, candidate: str) -> dict | None:
-    from engine.gate import load_gate_config, run_gate
-
     if load_gate_config(coll_dir) is None:
         return None
-    from engine.encoder import OnnxEncoder
-    from engine.index import IndexVersion
-
     encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
     return run_gate(coll_dir, IndexVersion.load(coll_dir / live), IndexVersion.load(coll_dir / candidate), encoder)

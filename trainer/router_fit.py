@@ -16,7 +16,7 @@ import lightgbm as lgb
 import numpy as np
 
 from adawidth.funnel import resolve
-from adawidth.metrics import ndcg_at_k
+from adawidth.metrics import ranking_metric
 from adawidth.router import FEATURE_NAMES, router_feature_matrix
 
 LGB_PARAMS = {
@@ -66,15 +66,9 @@ def escalation_gains(q_rot: np.ndarray, docs: np.ndarray, doc_sqnorm_m0: np.ndar
     Returns:
         (n,) float64 gains in [-1, 1].
     """
-    low, high = pair
-    out = np.empty(len(q_rot))
-    for i in range(len(q_rot)):
-        nd = []
-        for w in (low, high):
-            r = resolve(q_rot[i], docs, doc_sqnorm_m0, rows[i], scores[i], m0=m0, k=k_eval, width=w)
-            nd.append(ndcg_at_k([doc_ids[j] for j in r.rows], judgments[i], k_eval))
-        out[i] = nd[1] - nd[0]
-    return out
+    nd = {w: ranking_metric([resolve(q_rot[i], docs, doc_sqnorm_m0, rows[i], scores[i], m0=m0, k=k_eval, width=w).rows
+                             for i in range(len(q_rot))], judgments, "ndcg", k_eval, doc_ids) for w in pair}
+    return nd[pair[1]] - nd[pair[0]]
 
 
 def _train(X: np.ndarray, y: np.ndarray, seed: int) -> lgb.Booster:

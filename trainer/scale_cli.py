@@ -6,6 +6,11 @@ import json
 import sys
 from pathlib import Path
 
+from engine.registry import open_registry
+from engine.version.manifest import IndexVersionError
+from trainer.milvus_stage1 import drop_unlisted, open_client, write_version
+from trainer.ray_encode import encode_corpus
+
 COMMANDS = ("encode", "milvus-write", "milvus-gc")
 
 
@@ -33,28 +38,21 @@ def add_commands(sub) -> None:
 def run(args, settings) -> int:
     """Execute one scale-out command; returns the exit code."""
     if args.command == "encode":
-        from trainer.ray_encode import encode_corpus
-
         out = encode_corpus(args.dataset, args.out, settings.encoder_dir,
                             address=args.ray_address or settings.ray_address, num_cpus=args.num_cpus,
                             actors=args.actors, encoder_threads=args.encoder_threads, limit=args.limit)
         print(json.dumps(out))
         return 0
-    from engine.version import store
-    from trainer.milvus_stage1 import drop_unlisted, open_client, write_version
-
     client = open_client(settings)
     try:
         if args.command == "milvus-write":
             try:
                 print(json.dumps(write_version(client, Path(settings.index_root) / args.collection / args.version,
                                                prefix=settings.milvus_prefix)))
-            except store.IndexVersionError as e:
+            except IndexVersionError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
             return 0
-        from engine.registry import open_registry
-
         registry = open_registry(redis_url=settings.redis_url, index_root=settings.index_root)
         try:
             st = registry.get(args.collection)

@@ -44,8 +44,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from engine.version import store
 from adawidth.capacity import REGIME_CODE
+from engine.version import store
+from engine.version.manifest import IndexVersionError, Manifest, read_manifest
+from trainer.build import build_index, dataset_fingerprint
 
 log = logging.getLogger("trainer.serve")
 
@@ -128,13 +130,14 @@ class TrainerDaemon:
         self.coll_dir = Path(settings.index_root) / self.collection
         self._failed_fingerprint: str | None = None
 
-    def live_manifest(self) -> dict | None:
+    def live_manifest(self) -> Manifest | None:
+        """The manifest of the collection's live version, or None when there is none or it is unreadable."""
         version = store.read_live_pointer(self.coll_dir)
         if version is None:
             return None
         try:
-            return store.read_manifest(self.coll_dir / version)
-        except store.IndexVersionError as e:
+            return read_manifest(self.coll_dir / version)
+        except IndexVersionError as e:
             log.error("live version unreadable: %s", e)
             return None
 
@@ -143,8 +146,8 @@ class TrainerDaemon:
         out = set()
         for v in store.list_versions(self.coll_dir):
             try:
-                fp = store.read_manifest(self.coll_dir / v).get("corpus", {}).get("dataset_fingerprint")
-            except store.IndexVersionError:
+                fp = read_manifest(self.coll_dir / v).corpus.dataset_fingerprint
+            except IndexVersionError:
                 continue
             if fp:
                 out.add(fp)
@@ -152,13 +155,11 @@ class TrainerDaemon:
 
     def poll_once(self) -> str | None:
         """Check the data, rebuild if it changed, sync the gauges.  Returns the new version id when one was built."""
-        from trainer.build import build_index, dataset_fingerprint
-
         self.metrics.polls.inc()
         fp = dataset_fingerprint(self.opts.dataset)
         manifest = self.live_manifest()
         built = None
-        current = (manifest or {}).get("corpus", {}).get("dataset_fingerprint")
+        current = manifest.corpus.dataset_fingerprint if manifest is not None else None
         if fp != current and fp not in self.built_fingerprints() and fp != self._failed_fingerprint:
             log.info("dataset %s changed (%s -> %s): rebuilding", self.opts.dataset, (current or "none")[:12], fp[:12])
             t0 = time.perf_counter()
@@ -172,11 +173,11 @@ class TrainerDaemon:
                 self.metrics.builds.labels("success").inc()
                 self.metrics.last_success.set(time.time())
                 self._failed_fingerprint = None
-                built = manifest["version"]
+                built = manifest.version
             self.metrics.build_duration.set(time.perf_counter() - t0)
             manifest = self.live_manifest()
         if manifest is not None:
-            self.metrics.export_version(self.collection, manifest["version"], manifest.get("capacity"))
+            self.metrics.export_version(self.collection, manifest.version, manifest.capacity)
         return built
 
     def run(self, stop: threading.Event, poll_seconds: float) -> None:

@@ -118,14 +118,17 @@ class Stack:
         return r
 
     def newest_version(self) -> str | None:
-        from engine.version import store
+        """The newest complete version of the collection whose manifest reads, or None."""
+        # imported here: main() puts this checkout first on sys.path before anything of the project is imported
+        from engine.version.manifest import IndexVersionError, read_manifest
+        from engine.version.store import list_versions
 
         coll = self.home / "indexes" / self.collection
         good = []
-        for v in store.list_versions(coll):
+        for v in list_versions(coll):
             try:
-                store.read_manifest(coll / v)
-            except store.IndexVersionError:
+                read_manifest(coll / v)
+            except IndexVersionError:
                 continue
             good.append(v)
         return max(good) if good else None

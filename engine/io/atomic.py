@@ -58,7 +58,8 @@ def atomic_path(dest: Path | str, *, directory: bool = False, replace: bool = Tr
             matter (replica reports).
 
     Yields:
-        The temporary path (``.<name>.<8 hex>.tmp`` beside ``dest``); write it within the block.
+        The temporary path (``.tmp-<name>-<8 hex>`` beside ``dest``; hidden, so
+        :func:`engine.version.store.list_versions` never lists it); write it within the block.
 
     Raises:
         FileExistsError: ``replace`` is False and ``dest`` exists (checked before and at the rename).
@@ -68,7 +69,7 @@ def atomic_path(dest: Path | str, *, directory: bool = False, replace: bool = Tr
     dest.parent.mkdir(parents=True, exist_ok=True)
     if not replace and dest.exists():
         raise FileExistsError(f"{dest} already exists")
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = dest.with_name(f".tmp-{dest.name}-{uuid.uuid4().hex[:8]}")
     if directory:
         tmp.mkdir()
     try:
@@ -78,7 +79,7 @@ def atomic_path(dest: Path | str, *, directory: bool = False, replace: bool = Tr
         if not replace and dest.exists():
             raise FileExistsError(f"{dest} already exists")
         if directory and dest.exists():  # replace: move the old directory aside, then remove it
-            old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
+            old = dest.with_name(f".old-{dest.name}-{uuid.uuid4().hex[:8]}")
             os.rename(dest, old)
             os.rename(tmp, dest)
             shutil.rmtree(old, ignore_errors=True)

@@ -11,8 +11,8 @@ import abc
 import time
 from collections.abc import Callable
 
-from engine.registry.state import (Change, RegistryState, apply_promote, apply_publish, apply_record,
-                                   apply_rollback, with_actor)
+from engine.registry.state import (Change, RegistryState, apply_promote, apply_publish, apply_record, apply_rollback,
+                                   with_actor)
 
 
 class Subscription(abc.ABC):

@@ -63,9 +63,11 @@ class FileRegistry(Registry):
         return RegistryState(**s)
 
     def get(self, collection: str) -> RegistryState:
+        """See :meth:`engine.registry.base.Registry.get` (the state file, or the legacy LIVE pointer at revision 0)."""
         return self._state_of(self._read(collection))
 
     def history(self, collection: str, limit: int = 100) -> list[dict]:
+        """See :meth:`engine.registry.base.Registry.history`."""
         return self._read(collection)["history"][-limit:]
 
     @contextlib.contextmanager
@@ -109,6 +111,7 @@ class FileRegistry(Registry):
                 self._report_warned = True
 
     def replicas(self, collection):
+        """See :meth:`engine.registry.base.Registry.replicas` (unreadable reports are skipped)."""
         d = self._dir(collection) / REPLICAS_DIR
         out = {}
         if d.is_dir():
@@ -119,6 +122,7 @@ class FileRegistry(Registry):
         return out
 
     def subscribe(self, collection):
+        """A subscription polling the collection's state file."""
         return _FileSubscription(self._dir(collection) / STATE_FILE)
 
 
@@ -137,6 +141,7 @@ class _FileSubscription(Subscription):
         return st.st_ino, st.st_size, st.st_mtime_ns
 
     def wait(self, timeout_s):
+        """See :meth:`engine.registry.base.Subscription.wait` (polls every 0.1 s)."""
         deadline = time.monotonic() + timeout_s
         while True:
             sig = self._sig()

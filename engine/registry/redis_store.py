@@ -94,10 +94,12 @@ class RedisRegistry(Registry):
                 "revision": s.revision, "last_action": s.last_action or "", "updated_at": s.updated_at or ""}
 
     def get(self, collection):
+        """See :meth:`engine.registry.base.Registry.get`."""
         with self._errors():
             return self._decode(collection, self.client.hgetall(self._key(collection)))
 
     def history(self, collection, limit=100):
+        """See :meth:`engine.registry.base.Registry.history`."""
         with self._errors():
             return [json.loads(x) for x in self.client.lrange(self._key(collection, ":history"), -limit, -1)]
 
@@ -135,22 +137,26 @@ class RedisRegistry(Registry):
             store.write_live_pointer(self.mirror_root / collection, new.live)
 
     def report_replica(self, collection, replica, report):
+        """See :meth:`engine.registry.base.Registry.report_replica` (one hash field per replica)."""
         with self._errors():
             self.client.hset(self._key(collection, ":replicas"), replica,
                              json.dumps({**report, "replica": replica, "ts": time.time()}, sort_keys=True))
 
     def replicas(self, collection):
+        """See :meth:`engine.registry.base.Registry.replicas`."""
         with self._errors():
             raw = self.client.hgetall(self._key(collection, ":replicas"))
         return {k: json.loads(v) for k, v in raw.items()}
 
     def subscribe(self, collection):
+        """A pub/sub subscription to the collection's change channel."""
         with self._errors():
             ps = self.client.pubsub(ignore_subscribe_messages=True)
             ps.subscribe(self.channel(collection))
         return _RedisSubscription(self, ps)
 
     def close(self):
+        """Close the connection pool (errors ignored)."""
         with contextlib.suppress(Exception):
             self.client.close()
 
@@ -160,6 +166,7 @@ class _RedisSubscription(Subscription):
         self.registry, self.pubsub = registry, pubsub
 
     def wait(self, timeout_s):
+        """See :meth:`engine.registry.base.Subscription.wait`; drains pending messages so one reconcile answers them all."""
         with self.registry._errors():
             msg = self.pubsub.get_message(timeout=timeout_s)
             got = msg is not None and msg.get("type") == "message"
@@ -169,5 +176,6 @@ class _RedisSubscription(Subscription):
             return got
 
     def close(self):
+        """Close the pub/sub connection (errors ignored)."""
         with contextlib.suppress(Exception):
             self.pubsub.close()

@@ -63,6 +63,7 @@ class RegistryState:
     updated_at: float | None = None
 
     def as_dict(self) -> dict:
+        """The state as JSON-ready types (candidates as a list)."""
         d = asdict(self)
         d["candidates"] = list(self.candidates)
         return d

@@ -13,11 +13,7 @@ import numpy as np
 from adawidth.tiers import RERANK_DEPTH, TIERS, predict_tier
 from engine.candidates import Candidates
 from engine.plan import Plan
-
-
-def rerank_order(scores: np.ndarray) -> np.ndarray:
-    """Positions sorted by ``scores`` descending; stable, so ties keep the first stage's order."""
-    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+from engine.scorers import rerank_order
 
 
 def served_tier(plan: Plan, version, embedding: np.ndarray | None, available: frozenset[str]) -> tuple[str, str | None]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
 from adawidth import stage1_policy
+from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
 from engine.candidates import Candidates
 from engine.plan import Plan
 

@@ -24,7 +24,7 @@ NAMES = {"/v1/search auto", "/v1/search auto+rho", "/v1/search default", "/v1/se
 
 def test_headless_locust_run_against_the_gateway(gateway_url, tmp_path):
     out = tmp_path / "results"
-    r = subprocess.run([sys.executable, str(ROOT / "loadtest" / "run.py"), "--host", gateway_url, "--home",
+    r = subprocess.run([sys.executable, "-m", "loadtest.run", "--host", gateway_url, "--home",
                         str(tmp_path), "--users", "4", "--spawn-rate", "4", "--seconds", "15", "--out", str(out),
                         "--stem", "smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from engine.io.beir import load_collection
 from adawidth.metrics import per_query
 from adawidth.prefix import exact_prefix_search
+from engine.io.beir import load_collection
+from tests.conftest import SCIFACT, VAR
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 pytestmark = pytest.mark.e2e
 
@@ -18,8 +20,6 @@ PUBLISHED_NDCG10 = 0.64508  # all-MiniLM-L6-v2 on BEIR SciFact test
 
 @pytest.fixture(scope="module")
 def scifact():
-    from tests.conftest import SCIFACT
-
     return load_collection(SCIFACT, "test")
 
 
@@ -67,9 +67,6 @@ def test_full_width_through_the_adapter_is_the_frozen_encoders_ranking(full_run,
     """Endpoint invariance (Eq. (4) of 001): rotated full-width search ranks exactly as the frozen encoder."""
     rankings, scores, _ = full_run
     qids = list(rankings)
-    from tests.conftest import VAR
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     cache = EmbeddingCache(VAR / "cache" / "embeddings.sqlite", 384)
     X, _ = encode_with_cache(encoder, [d.encoder_text() for d in scifact.corpus], cache)
     Q, _ = encode_with_cache(encoder, [scifact.queries[q] for q in qids], cache)

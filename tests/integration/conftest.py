@@ -8,6 +8,11 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from service.app import create_app
+from service.config import GatewaySettings
 
 STRONG_ADMIN_KEY = "adm-7Gq2xV9pLr4TzW8kNc3Hs6Jb"
 STRONG_SEARCH_KEY = "srch-Yf5Rm1Qa8Ud3Ke6Wn2Xp9Lt"
@@ -51,12 +56,6 @@ class GatedEncoder:
 @pytest.fixture
 def make_gateway(scifact_home):
     """Factory: ``with make_gateway(home=..., **settings) as (client, state)`` runs an app with its lifespan."""
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     @contextmanager
     def factory(home=None, **settings):
         app = create_app(GatewaySettings(home=home or scifact_home, collection="scifact", **settings),

@@ -1,15 +1,23 @@
 """Admin authentication, POST /admin/reload (atomic swap of the live version), optional search key,
 and bounded metric series under 10,000 requests to random paths."""
 
+import asyncio
 import hmac
 import json
 import random
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from engine.registry.file import FileRegistry
 from engine.version import store
-from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post, wait_until
+from engine.version.manifest import read_manifest
+from service.app import create_app
+from service.config import GatewaySettings
+from tests.integration.conftest import STRONG_ADMIN_KEY, STRONG_SEARCH_KEY, GatedEncoder, post
 
 pytestmark = pytest.mark.integration
 
@@ -76,11 +84,8 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
     (home / "models" / "minilm-onnx").symlink_to(encoder_dir)
 
     def new_version(name: str):
-        manifest = json.loads((coll / v1 / store.MANIFEST).read_text())
-        files = list(manifest.pop("files"))
-        for key in ("version", "schema_version"):
-            manifest.pop(key)
-        writers = {f: (lambda path, f=f: shutil.copyfile(coll / v1 / f, path)) for f in files}
+        manifest = read_manifest(coll / v1)
+        writers = {f: (lambda path, f=f: shutil.copyfile(coll / v1 / f, path)) for f in manifest.files}
         return store.write_version(coll, name, writers, manifest)
 
     return home, coll, v1, new_version
@@ -88,8 +93,6 @@ def two_versions(tmp_path, scifact_version, encoder_dir):
 
 def promote_in_registry(home, version):
     """Register ``version`` and make it live in the collection's file registry (what `trainer promote` does)."""
-    from engine.registry.file import FileRegistry
-
     reg = FileRegistry(home / "indexes")
     reg.publish("scifact", version, actor="test")
     reg.promote("scifact", version, gate={"skipped": True}, actor="test")
@@ -101,8 +104,6 @@ def live_series(client):
 
 
 def test_reload_swaps_atomically_and_keeps_in_flight_requests_on_their_version(make_gateway, two_versions):
-    from concurrent.futures import ThreadPoolExecutor
-
     home, coll, v1, new_version = two_versions
     new_version("v2-reload-test")
     with make_gateway(home=home, admin_api_key=STRONG_ADMIN_KEY) as (client, state):
@@ -161,14 +162,6 @@ def test_metric_series_stay_bounded_after_10000_random_requests(tmp_path):
     combination exists); 10,000 random requests later the number of exported
     series has not grown.
     """
-    import asyncio
-
-    import httpx
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     rng = random.Random(8)
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_.~%"
     routes = ["/v1/search", "/healthz", "/readyz", "/admin/reload", "/metrics"]

@@ -15,9 +15,12 @@ is a string of length >= 1 but is ``blank_query``).
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from prometheus_client import CollectorRegistry
 from schemathesis.checks import load_all_checks
 from schemathesis.generation import GenerationMode
 
+from service.app import create_app
+from service.config import GatewaySettings
 from tests.integration.conftest import STRONG_ADMIN_KEY
 
 pytestmark = pytest.mark.integration
@@ -27,11 +30,6 @@ MAX_EXAMPLES = 300  # per generation mode; each example is sent twice (without a
 
 @pytest.fixture(scope="module")
 def fuzz_schema(scifact_home):
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     app = create_app(GatewaySettings(home=scifact_home, collection="scifact", admin_api_key=STRONG_ADMIN_KEY),
                      CollectorRegistry())
     # schema-invalid requests must get one of our 4xx; 413 (query_too_long for a query past maxLength,
@@ -42,15 +40,11 @@ def fuzz_schema(scifact_home):
 
 
 def checks():
-    load_all_checks()
+    load_all_checks()  # the checks' modules can be imported only once they are registered
     from schemathesis.checks import not_a_server_error
-    from schemathesis.specs.openapi.checks import (
-        content_type_conformance,
-        negative_data_rejection,
-        response_headers_conformance,
-        response_schema_conformance,
-        status_code_conformance,
-    )
+    from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
+                                                   response_headers_conformance, response_schema_conformance,
+                                                   status_code_conformance)
 
     return [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
             response_schema_conformance, negative_data_rejection]

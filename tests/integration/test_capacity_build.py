@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from engine.version import store
+from engine.version.manifest import verify
 from tests.conftest import ROOT, VAR
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -19,12 +21,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_scifact_version_carries_its_capacity_report(scifact_version):
-    manifest = store.verify_version(scifact_version)  # the report files are checksummed like the rest
+    manifest = verify(scifact_version)  # the report files are checksummed like the rest
     for name in ("capacity.json", "capacity.md", "capacity_cliff.png", "capacity_cus.png", "capacity_scaling.png"):
-        assert name in manifest["files"]
+        assert name in manifest.files
     for png in ("capacity_cliff.png", "capacity_cus.png", "capacity_scaling.png"):
         assert (scifact_version / png).read_bytes()[:8] == PNG_MAGIC
-    cap = manifest["capacity"]
+    cap = manifest.capacity
     assert cap["pairs"] == 339 and cap["documents"] == 5183 and cap["queries"] == 300
     assert cap["delta"] == pytest.approx(339 / 5183)
     assert cap["warren_dstar"] == 1 and cap["regime"] == "vacuous" and cap["r_star"] == 64
@@ -54,9 +56,6 @@ def test_scifact_version_carries_its_capacity_report(scifact_version):
 
 @pytest.fixture(scope="module")
 def limit_small_version(tmp_path_factory, encoder_dir, encoder):
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     home = tmp_path_factory.mktemp("limit-home")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
@@ -68,7 +67,7 @@ def limit_small_version(tmp_path_factory, encoder_dir, encoder):
 def test_limit_small_comes_out_moderate_with_a_cliff_below_dstar(limit_small_version):
     """δ = 2000/46 ≫ 1: the moderate regime; d* = ⌈43.48 ln 46 / ln 43.48⌉ = 45 and CUS is read there."""
     path, manifest = limit_small_version
-    cap = manifest["capacity"]
+    cap = manifest.capacity
     assert cap["pairs"] == 2000 and cap["documents"] == 46 and cap["queries"] == 1000
     assert cap["delta"] == pytest.approx(2000 / 46)
     assert cap["warren_dstar"] == math.ceil(2000 / 46 * math.log(46) / math.log(2000 / 46)) == 45

@@ -8,21 +8,27 @@ import os
 import subprocess
 import sys
 
+import faiss
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
-from engine.version import store
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
 from engine.registry.file import FileRegistry
+from engine.version import store
+from service.metrics import CutoverMetrics, GatewayMetrics
+from service.version_manager import VersionManager
 from tests.conftest import ROOT, SCIFACT, VAR, make_cutover_home
-from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways,
-                                   trainer_cli, wait_converged)
+from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways, trainer_cli,
+                                   wait_converged)
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
 
 pytestmark = pytest.mark.integration
 
 
 def _trainer_settings(home, encoder_dir):
-    from trainer.config import TrainerSettings
-
     return TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                            embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
 
@@ -30,8 +36,6 @@ def _trainer_settings(home, encoder_dir):
 @pytest.fixture(scope="module")
 def identity_version(tmp_path_factory, encoder_dir, encoder):
     """A deliberately weaker candidate: identity rotation, no router (plain MiniLM prefixes)."""
-    from trainer.build import BuildOptions, build_index
-
     home = tmp_path_factory.mktemp("identity-build")
     path, _ = build_index(BuildOptions(dataset=SCIFACT, rotation="identity", train_split=None, eval_split=None,
                                        publish=False), _trainer_settings(home, encoder_dir), encoder)
@@ -57,16 +61,12 @@ def gateway(file_home):
 
 @pytest.fixture(scope="module")
 def queries():
-    from engine.io.beir import load_collection
-
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:30]
 
 
 def test_file_registry_promote_and_rollback_under_load(file_home, gateway, queries, scifact_version, pca_version,
                                                         encoder_dir):
-    from engine.encoder import OnnxEncoder
-
     v1, v2 = scifact_version.name, pca_version.name
     coll = file_home / "indexes" / "scifact"
     reg = FileRegistry(file_home / "indexes")
@@ -172,10 +172,6 @@ def _snapshot(home):
 
 
 def test_build_that_fails_while_writing_leaves_nothing(build_home, encoder_dir, encoder, monkeypatch):
-    import faiss
-
-    from trainer.build import BuildOptions, build_index
-
     before = _snapshot(build_home)
 
     def failing_write_index(index, path):
@@ -234,12 +230,6 @@ def test_build_killed_mid_write_leaves_no_visible_version(build_home, encoder_di
 
 def test_a_version_held_by_a_request_is_unloaded_only_after_it_ends(tmp_path, scifact_version, pca_version,
                                                                     encoder_dir):
-    from prometheus_client import CollectorRegistry
-
-    from engine.encoder import OnnxEncoder
-    from service.metrics import CutoverMetrics, GatewayMetrics
-    from service.versions import VersionManager
-
     enc = OnnxEncoder(encoder_dir, threads=1)
     home = make_cutover_home(tmp_path / "home", encoder_dir, [scifact_version, pca_version])
     metrics = CutoverMetrics(GatewayMetrics(CollectorRegistry()))

@@ -14,14 +14,23 @@ congruent with faiss request by request.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import time
 
 import httpx
 import pytest
 
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
 from engine.registry.redis_store import RedisRegistry
+from engine.version.milvus import milvus_collection_name
 from tests.conftest import SCIFACT, VAR, make_cutover_home
 from tests.cutover_support import (ADMIN_KEY, LoadGenerator, MilvusLiteServer, RedisServer, check_offline, metric,
                                    readyz, start_gateways, trainer_cli, wait_converged)
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +40,6 @@ N_QUERIES = 40
 @pytest.fixture(scope="module")
 def identity_version(tmp_path_factory, encoder_dir, encoder):
     """A second SciFact version with the identity rotation (truncation): its rankings differ from PCA's."""
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     home = tmp_path_factory.mktemp("identity-build")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
@@ -45,8 +51,6 @@ def identity_version(tmp_path_factory, encoder_dir, encoder):
 
 @pytest.fixture(scope="module")
 def queries():
-    from engine.io.beir import load_collection
-
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:N_QUERIES]
 
@@ -81,15 +85,11 @@ def cluster(tmp_path_factory, pca_version, identity_version, encoder_dir):
 
 @pytest.fixture(scope="module")
 def local_encoder(encoder_dir):
-    from engine.encoder import OnnxEncoder
-
     return OnnxEncoder(encoder_dir, threads=1, spin=False)
 
 
 def test_promote_and_rollback_under_load_with_stage1_on_milvus(cluster, queries, local_encoder):
     from pymilvus import MilvusClient
-
-    from engine.stage1 import milvus_collection_name
 
     gws, reg, v1, v2, env = cluster["gateways"], cluster["registry"], cluster["v1"], cluster["v2"], cluster["env"]
     home, redis_url = cluster["home"], cluster["redis"].url
@@ -150,9 +150,6 @@ def test_promote_and_rollback_under_load_with_stage1_on_milvus(cluster, queries,
 
 def test_version_without_its_milvus_collection_is_refused_and_live_traffic_untouched(cluster, queries):
     """Registered behind the trainer's back (no Milvus collection written): every replica refuses it."""
-    import shutil
-    import time
-
     gws, reg, v1, home = cluster["gateways"], cluster["registry"], cluster["v1"], cluster["home"]
     bad = f"{cluster['v2']}-nomilvus"
     src = cluster["dirs"][cluster["v2"]]
@@ -180,12 +177,7 @@ def test_version_without_its_milvus_collection_is_refused_and_live_traffic_untou
 
 def test_milvus_outage_answers_503_then_recovers(cluster, queries):
     """Milvus down: searches answer 503 ``stage1_unavailable`` with Retry-After (never 500); back up: 200 again."""
-    import signal
-    import time
-
     gws, milvus, v1 = cluster["gateways"], cluster["milvus"], cluster["v1"]
-    import os
-
     os.killpg(milvus.proc.pid, signal.SIGKILL)  # a crash
     milvus.proc.wait(10)
     try:

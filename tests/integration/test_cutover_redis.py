@@ -9,15 +9,21 @@ The tests run in file order and each one leaves v1 live.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
 from engine.registry.redis_store import RedisRegistry
-from tests.conftest import SCIFACT, make_cutover_home
-from tests.cutover_support import (ADMIN_KEY, LoadGenerator, RedisServer, check_offline, metric, readyz,
-                                   start_gateways, trainer_cli, wait_converged)
+from engine.version import store
+from tests.conftest import ROOT, SCIFACT, free_port, make_cutover_home
+from tests.cutover_support import (ADMIN_KEY, LoadGenerator, RedisServer, check_offline, metric, readyz, start_gateways,
+                                   trainer_cli, wait_converged)
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +32,6 @@ N_QUERIES = 50
 
 @pytest.fixture(scope="module")
 def queries():
-    from engine.io.beir import load_collection
-
     col = load_collection(SCIFACT, "test")
     return [col.queries[q] for q in sorted(col.judged_queries())][:N_QUERIES]
 
@@ -57,8 +61,6 @@ def cluster(tmp_path_factory, scifact_version, pca_version, encoder_dir):
 @pytest.fixture(scope="module")
 def local_encoder(encoder_dir):
     """The encoder configured as the gateways run it (one intra-op thread), for bit-equal query embeddings."""
-    from engine.encoder import OnnxEncoder
-
     return OnnxEncoder(encoder_dir, threads=1, spin=False)
 
 
@@ -157,8 +159,6 @@ def test_redis_outage_keeps_serving_then_converges(cluster, queries):
 
 def _corrupt_copy(src, coll_dir, name: str, damage: str):
     """A copy of version ``src`` named ``name`` (manifest renamed to match), then damaged."""
-    import shutil
-
     dst = coll_dir / name
     shutil.copytree(src, dst)
     m = json.loads((dst / "manifest.json").read_text())
@@ -217,9 +217,6 @@ def test_corrupted_version_is_refused_and_live_traffic_untouched(cluster, querie
 
 def test_replica_started_while_redis_is_down_serves_the_live_file(cluster, queries):
     """Cold start without the registry: the LIVE file (mirrored by promotions) is served, degraded."""
-    from engine.version import store
-    from tests.conftest import free_port
-
     live = store.read_live_pointer(cluster["home"] / "indexes" / "scifact")
     assert live == cluster["v1"]
     (gw,) = start_gateways(cluster["home"], f"redis://127.0.0.1:{free_port()}/0", ["cold"])
@@ -235,11 +232,6 @@ def test_replica_started_while_redis_is_down_serves_the_live_file(cluster, queri
 
 def test_two_publishers_race_without_losing_anything(cluster):
     """Two processes publish 60 versions each and promote concurrently through WATCH/MULTI."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     url = cluster["redis"].url
     script = ("import sys; from engine.registry.redis_store import RedisRegistry as R; r = R(sys.argv[1]); w = sys.argv[2]\n"
               "for i in range(60):\n"

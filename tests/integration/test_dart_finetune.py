@@ -1,17 +1,23 @@
 """CPU fine-tuning path of DART (trainer/dart/finetune.py) on the bundled MiniLM weights and real SciFact text."""
 
 import copy
+import gzip
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from engine.io.beir import load_collection
-from adawidth.metrics import ndcg_at_k
+from adawidth.metrics import ranking_metric
 from adawidth.tiers import oracle_tier
-from trainer.dart.difficulty import tier_rankings
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.dart.export import export_finetuned
 from trainer.dart.finetune import (FinetuneConfig, FrozenStates, TopEncoder, TrainData, encode_states, load_bert,
                                    merge_into, rank, split_dev, train)
+from trainer.dart.tier_rankings import tier_rankings
 
 pytestmark = pytest.mark.integration
 
@@ -74,8 +80,8 @@ def test_training_on_scifact_subset_improves_dev_and_merges(model):
     for a, b in zip(tiers["mips"], tiers["maxsim"]):
         assert sorted(a) == sorted(b)  # MaxSim reorders the MIPS candidates
     assert any(list(a) != list(b) for a, b in zip(tiers["mips"], tiers["maxsim"]))
-    qual = np.array([[ndcg_at_k([doc_ids[j] for j in tiers[t][i]], col.qrels[q], 10) for t in ("mips", "maxsim")]
-                     for i, q in enumerate(tr)])
+    qual = np.stack([ranking_metric(tiers[t], [col.qrels[q] for q in tr], "ndcg", 10, doc_ids)
+                     for t in ("mips", "maxsim")], axis=1)
     data.train_tier = oracle_tier(qual)
     top, report, X = train(cfg, bert, dst, qst, data)
     assert np.allclose(X, encode_states(top, dst), atol=1e-5)
@@ -100,9 +106,6 @@ def test_training_on_scifact_subset_improves_dev_and_merges(model):
 
 def _tiny_beir(folder, n_queries=40, n_docs=300):
     """A small BEIR folder cut from SciFact: n_queries train queries, their relevant documents, filler."""
-    import gzip
-    import json
-
     col = load_collection("data/scifact", "train")
     qids = sorted(col.judged_queries())[:n_queries]
     rel = [d for q in qids for d, g in col.qrels[q].items() if g > 0]
@@ -126,11 +129,6 @@ def _tiny_beir(folder, n_queries=40, n_docs=300):
 
 def test_finetuned_encoder_exports_to_onnx_and_builds_a_new_version(model, tmp_path):
     """The merged model exported to ONNX encodes like torch; a build with it records the new encoder."""
-    from engine.encoder import OnnxEncoder
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-    from trainer.dart.export import export_finetuned
-
     bert, tok = model
     top = TopEncoder(bert, 1)
     with torch.no_grad():  # a deterministic change of the top layer stands in for training here
@@ -152,8 +150,8 @@ def test_finetuned_encoder_exports_to_onnx_and_builds_a_new_version(model, tmp_p
     path, manifest = build_index(BuildOptions(dataset=folder, collection="tiny-dart", rotation="pca", eval_split=None,
                                               action_pairs=((64, 128),), default_pair=(64, 128), capacity=False,
                                               router_crossfit_folds=0), settings, enc)
-    assert manifest["encoder"]["model_name"] == enc.info.model_name
-    assert manifest["encoder"]["onnx_sha256"] == enc.info.onnx_sha256
+    assert manifest.encoder.model_name == enc.info.model_name
+    assert manifest.encoder.onnx_sha256 == enc.info.onnx_sha256
     # every document was encoded by the new encoder (cache keyed by the ONNX hash)
     docs = np.load(path / "docs.npy", mmap_mode="r")
     assert docs.shape[0] == 300

@@ -12,8 +12,16 @@ import os
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
+from adawidth.tiers import TIERS, maxsim, normalize_rows, predict_tier
+from engine.scorers import CrossEncoderScorer
+from engine.version import store
+from service.app import create_app
+from service.config import GatewaySettings
 from tests.conftest import SCIFACT, VAR, build_home
+from trainer.dart.cross_encoder import main
 
 QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer risk",
            "vitamin D deficiency and bone fractures", "microRNA regulation of cell differentiation",
@@ -22,8 +30,6 @@ QUERIES = ["statins reduce cardiovascular events", "BRCA1 mutation breast cancer
 
 @pytest.fixture(scope="module")
 def ce_dir(tmp_path_factory):
-    from trainer.dart.cross_encoder import main
-
     out = tmp_path_factory.mktemp("ce") / "minilm-cross-encoder"
     rc = main(["--dataset", str(SCIFACT), "--out", str(out), "--home", str(VAR), "--max-steps", "6",
                "--train-queries", "24", "--holdout-queries", "40", "--dev-queries", "0",
@@ -43,19 +49,11 @@ def tiers_home(tmp_path_factory, encoder_dir, encoder, ce_dir):
 
 @pytest.fixture(scope="module")
 def manifest(tiers_home):
-    from engine.version import store
-
     coll = tiers_home / "indexes" / "scifact"
     return json.loads((coll / store.read_live_pointer(coll) / "manifest.json").read_text())
 
 
 def _client(home, **settings):
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     return TestClient(create_app(GatewaySettings(home=home, collection="scifact", redis_url=None, **settings),
                                  CollectorRegistry()))
 
@@ -87,9 +85,6 @@ def test_the_head_is_fitted_only_on_queries_the_cross_encoder_never_saw(manifest
 
 
 def test_each_tier_answers_and_the_trace_names_it(client, encoder):
-    from adawidth.tiers import maxsim, normalize_rows
-    from engine.scorers import CrossEncoderScorer
-
     gw = client.app.state.gw
     version = gw.live
     q = QUERIES[0]
@@ -122,8 +117,6 @@ def test_each_tier_answers_and_the_trace_names_it(client, encoder):
 
 
 def test_auto_follows_the_trained_head(client, encoder):
-    from adawidth.tiers import TIERS, predict_tier
-
     assert client.get("/readyz").json()["tiers"] == {"default": "mips", "difficulty_head": True,
                                                      "document_texts": True, "cross_encoder": True}
     version = client.app.state.gw.live
@@ -137,8 +130,6 @@ def test_auto_follows_the_trained_head(client, encoder):
 def test_auto_follows_a_head_that_uses_every_tier(tiers_home, encoder):
     """A hand-made head W (3, D) whose argmax differs across the queries: the gateway serves each query at
     the tier the head picks, and the default tier of the gateway can be 'auto'."""
-    from adawidth.tiers import TIERS, predict_tier
-
     E = encoder.encode(QUERIES)
     # rows: directions that separate the queries (their embeddings' deviations from the mean)
     W = np.stack([E[0] - E.mean(0), E[1] - E.mean(0), E[2] - E.mean(0)]).astype(np.float32)
@@ -152,8 +143,6 @@ def test_auto_follows_a_head_that_uses_every_tier(tiers_home, encoder):
 
 
 def test_without_the_cross_encoder_auto_falls_back_and_the_explicit_tier_is_refused(tiers_home, tmp_path, encoder):
-    from adawidth.tiers import TIERS
-
     with _client(tiers_home, cross_encoder_dir=tmp_path / "none") as c:
         r = c.post("/v1/search", json={"query": QUERIES[0], "tier": "cross_encoder"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable"

@@ -23,6 +23,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -158,8 +159,6 @@ def test_compose_config_is_valid_and_resolves_the_stack():
 
 
 def test_compose_file_matches_the_compose_spec_schema():
-    import jsonschema
-
     schema = json.loads(SCHEMA.read_text())
     doc = yaml.safe_load(COMPOSE.read_text())
     # the schema names draft 2019-09 by a URI jsonschema does not know ("http://…/draft/2019-09/schema#")

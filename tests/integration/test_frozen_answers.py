@@ -11,12 +11,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import ROOT, SCIFACT, VAR, serve_home
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +41,6 @@ def frozen():
 @pytest.fixture(scope="module")
 def pca_gateway(tmp_path_factory, encoder_dir, encoder):
     """The recording's build (``trainer build --rotation pca`` with default options), served over HTTP."""
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     home = tmp_path_factory.mktemp("frozen-home")
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()

@@ -2,7 +2,8 @@
 
 ``tests/data/frozen/schema1-v1`` (60 SciFact documents, PCA rotation, one router) was written by the
 schema-1 writer; if a change to the loader, the funnel or the artifact format breaks old versions,
-this test fails.  Regenerating the fixture is a format change and needs a schema version bump.
+this test fails.  Regenerating the fixture is a format change and needs a schema version bump; this build
+writes schema 2 (``engine.version.manifest``) and must keep reading schema 1.
 """
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.version.store import SCHEMA_VERSION, verify_version
 from engine.index import IndexVersion
+from engine.version.manifest import READABLE_SCHEMAS, Expect, verify
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +22,8 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 def test_frozen_version_loads_and_answers_identically():
     path = DATA / "frozen" / "schema1-v1"
-    manifest = verify_version(path, dimension=384)
-    assert manifest["schema_version"] == SCHEMA_VERSION == 1
+    manifest = verify(path, Expect(dimension=384, max_tokens=256, collection="frozen", version="schema1-v1"))
+    assert manifest.schema_version == 1 and 1 in READABLE_SCHEMAS
     v = IndexVersion.load(path)
     expected = json.loads((DATA / "frozen_expected.json").read_text())
     embeddings = np.load(DATA / "frozen_queries.npy")

@@ -7,9 +7,18 @@ agreement target; its build evaluates the served policy on the 300 SciFact test 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
+from adawidth import stage1_policy as sp
+from engine.index import IndexVersion
+from engine.version.manifest import IndexVersionError, read_manifest
+from engine.version.store import resolve_version_path
+from service.app import create_app
+from service.config import GatewaySettings
 from tests.conftest import build_home
 
 FULL_WIDTH_NDCG = 0.6451  # the frozen encoder, exhaustive (README, bench/results/scifact_demo.md)
@@ -25,20 +34,11 @@ def funnel_home(tmp_path_factory, encoder_dir, encoder):
 
 @pytest.fixture(scope="module")
 def funnel_manifest(funnel_home):
-    from engine.version import store
-
-    coll = funnel_home / "indexes" / "scifact"
-    return json.loads((coll / store.read_live_pointer(coll) / "manifest.json").read_text())
+    return read_manifest(resolve_version_path(funnel_home / "indexes", "scifact", None)).model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
 def client(funnel_home):
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     app = create_app(GatewaySettings(home=funnel_home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as c:
         yield c
@@ -57,9 +57,6 @@ def test_the_build_records_the_policy_and_its_quality_on_unseen_test_queries(fun
 
 
 def test_auto_is_served_by_the_funnel_policy_and_the_trace_counts_its_work(client, funnel_home, encoder):
-    from adawidth import stage1_policy as sp
-    from engine.index import IndexVersion, resolve_version_path
-
     version = IndexVersion.load(resolve_version_path(funnel_home / "indexes", "scifact", None))
     fp = version.funnel_policy
     grid = {(c.m1, c.shortlist, c.rescore_width) for c in sp.default_grid()}
@@ -100,18 +97,13 @@ def test_work_per_stage_is_a_prometheus_histogram(client):
 
 
 def test_a_version_whose_policy_features_differ_is_refused(funnel_home, tmp_path):
-    import shutil
-
-    from engine.version import store
-    from engine.index import IndexVersion, resolve_version_path
-
     src = resolve_version_path(funnel_home / "indexes", "scifact", None)
     bad = tmp_path / src.name
     shutil.copytree(src, bad)
     m = json.loads((bad / "manifest.json").read_text())
     m["stage1_policy"]["feature_names"] = list(reversed(m["stage1_policy"]["feature_names"]))
     (bad / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(store.IndexVersionError) as e:
+    with pytest.raises(IndexVersionError) as e:
         IndexVersion.load(bad)
     assert e.value.code == "schema"  # not a checksum failure: the manifest itself is not hashed
 

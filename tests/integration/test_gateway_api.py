@@ -3,6 +3,11 @@
 import json
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from service.app import create_app
+from service.config import GatewaySettings
 
 pytestmark = pytest.mark.integration
 
@@ -121,12 +126,6 @@ def test_health_ready_and_metrics(app_client):
 
 
 def test_unready_gateway_answers_503(tmp_path, encoder_dir):
-    from fastapi.testclient import TestClient
-    from prometheus_client import CollectorRegistry
-
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     app = create_app(GatewaySettings(home=tmp_path, collection="nothing", encoder_dir=encoder_dir), CollectorRegistry())
     with TestClient(app) as client:
         assert client.get("/healthz").status_code == 200

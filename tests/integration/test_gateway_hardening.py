@@ -93,7 +93,7 @@ def test_query_length_boundary_is_max_query_chars(app_client):
 def test_query_beyond_max_tokens_is_truncated_as_the_manifest_says(app_client, encoder):
     """Accepted text longer than max_tokens is served exactly as its first max_tokens tokens."""
     state = app_client.app.state.gw
-    manifest_max = state.live.manifest["encoder"]["max_tokens"]
+    manifest_max = state.live.manifest.encoder.max_tokens
     assert state.encoder.max_tokens == manifest_max == 256
     long_q = Q + " " + " ".join(f"marker{i} protein" for i in range(1000))  # ~ 4k tokens, < 20,000 chars
     assert len(long_q) <= state.settings.max_query_chars

@@ -4,6 +4,7 @@ tenant and ACL fields, built by the real trainer (cached embeddings: seconds, no
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -12,6 +13,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+
+from adawidth.hybrid import contains_phrases, normalize_text
+from service.app import create_app
+from service.config import GatewaySettings
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 pytestmark = pytest.mark.integration
 
@@ -73,9 +81,6 @@ def tenant_dataset(tmp_path_factory) -> Path:
 
 
 def _build(home: Path, dataset: Path, encoder_dir: Path, encoder, **options):
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
     return build_index(BuildOptions(dataset=dataset, collection="tenants", capacity=False, action_pairs=((64, 128),),
@@ -92,9 +97,6 @@ def tenant_home(tmp_path_factory, tenant_dataset, encoder_dir, encoder) -> Path:
 
 
 def _client(home: Path, **settings) -> TestClient:
-    from service.app import create_app
-    from service.config import GatewaySettings
-
     return TestClient(create_app(GatewaySettings(home=home, collection="tenants", redis_url=None, **settings),
                                  CollectorRegistry()))
 
@@ -127,8 +129,6 @@ def test_modes_filters_and_errors_over_http(tenant_home, corpus_fields):
         # an exact phrase: every hit contains it (normalised), and the lexical lane finds all that do
         r = c.post("/v1/search", json={"query": 'role of "T cells" in immunity', "k": 1000, "mode": "lexical"})
         hits = r.json()["results"]
-        from adawidth.hybrid import contains_phrases, normalize_text
-
         holders = {d for d, f in corpus_fields.items()
                    if contains_phrases(normalize_text(f"{f['title']} {f['text']}"), ["t cells"])}
         assert holders and {h["id"] for h in hits} == holders
@@ -164,8 +164,6 @@ def test_tenant_header_policy_is_enforced(tenant_home, corpus_fields):
 
 
 def test_api_key_policy_maps_keys_to_tenants(tenant_home, corpus_fields):
-    import hashlib
-
     key = "k3y-for-acme-tenant-0123456789"
     with _client(tenant_home, access_policy="api_key",
                  principals={hashlib.sha256(key.encode()).hexdigest(): {"tenant": "acme", "groups": ["eng"]}}) as c:
@@ -180,13 +178,11 @@ def test_api_key_policy_maps_keys_to_tenants(tenant_home, corpus_fields):
 def test_cars_version_is_served_with_its_query_map(tmp_path, tenant_dataset, encoder_dir, encoder):
     """A --cars build records the choice and its evidence; over HTTP, width 'full' equals the exact bilinear
     ranking qᵀ(I + M)d recomputed from the stored maps and the frozen embeddings."""
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     path, manifest = _build(tmp_path, tenant_dataset, encoder_dir, encoder, rotation="pca",
                             cars={"rank": 8, "steps": 60, "splits": 2}, router_crossfit_folds=0)
-    cars = manifest["cars"]
+    cars = manifest.cars.model_dump()
     assert cars["selected"] in ("shared", "dual") and len(cars["splits"]) == 2
-    assert {"query_map.npy", "doc_map.npy"} <= set(manifest["files"])
+    assert {"query_map.npy", "doc_map.npy"} <= set(manifest.files)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "minilm-onnx").symlink_to(encoder_dir)
     Qm = np.load(path / "query_map.npy").astype(np.float64)

@@ -5,20 +5,24 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.version.store import IndexVersionError, read_manifest
+from adawidth.funnel import exact_stage1
+from adawidth.prefix import prefix_normalize
 from engine.index import IndexVersion
+from engine.version.manifest import SCHEMA_VERSION, Expect, IndexVersionError, read_manifest
 
 pytestmark = pytest.mark.integration
 
 
 def test_manifest_describes_the_version(scifact_version, encoder):
     m = read_manifest(scifact_version)
-    assert m["encoder"]["onnx_sha256"] == encoder.info.onnx_sha256
-    assert m["encoder"]["max_tokens"] == 256 and m["encoder"]["pooling"].startswith("mean")
-    assert m["dimension"] == 384 and m["m0"] == 64 and m["shortlist"] == 500
-    assert m["adapter"]["kind"] == "adapter" and m["adapter"]["training"]["verify"]["max_gram_error"] < 1e-4
-    assert len(m["router"]["feature_names"]) == 18
-    assert {"rotation.npy", "docs.npy", "doc_ids.json", "stage1.faiss", "router_64_128.txt"} <= set(m["files"])
+    assert m.schema_version == SCHEMA_VERSION
+    assert m.encoder.onnx_sha256 == encoder.info.onnx_sha256
+    assert m.encoder.max_tokens == 256 and m.encoder.pooling.startswith("mean")
+    assert m.dimension == 384 and m.m0 == 64 and m.shortlist == 500
+    assert m.adapter.kind == "adapter" and m.adapter.training["verify"]["max_gram_error"] < 1e-4
+    assert len(m.router.feature_names) == 18
+    assert {"rotation.npy", "docs.npy", "doc_ids.json", "stage1.faiss", "router_64_128.txt"} <= set(m.files)
+    assert {name for _, name in m.section_files()} <= set(m.files)  # every file a section names is checksummed
 
 
 def _copy(src, tmp_path):
@@ -43,19 +47,18 @@ def test_loader_refuses_damaged_copies(scifact_version, tmp_path, damage):
     assert e.value.code == "checksum"
 
 
-def test_loader_refuses_other_encoder_or_dimension(scifact_version):
-    with pytest.raises(IndexVersionError) as e:
-        IndexVersion.load(scifact_version, encoder_sha256="0" * 64)
-    assert e.value.code == "encoder_mismatch"
-    with pytest.raises(IndexVersionError) as e:
-        IndexVersion.load(scifact_version, dimension=768)
-    assert e.value.code == "dimension_mismatch"
+def test_loader_refuses_other_encoder_max_tokens_or_dimension(scifact_version, encoder):
+    IndexVersion.load(scifact_version, expect=Expect.of_encoder(encoder, collection="scifact"))
+    for expect, code in ((Expect(encoder_sha256="0" * 64), "encoder_mismatch"),
+                         (Expect(max_tokens=128), "encoder_mismatch"),
+                         (Expect(dimension=768), "dimension_mismatch"),
+                         (Expect(collection="nfcorpus"), "collection_mismatch")):
+        with pytest.raises(IndexVersionError) as e:
+            IndexVersion.load(scifact_version, expect=expect)
+        assert e.value.code == code
 
 
 def test_faiss_stage1_equals_the_numpy_reference(scifact_version, encoder):
-    from adawidth.funnel import exact_stage1
-    from adawidth.prefix import prefix_normalize
-
     v = IndexVersion.load(scifact_version)
     q = v.rotate(encoder.encode(["hypertension in elderly patients"])[0], 384)
     qp = prefix_normalize(q[None], 64)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.index import IndexVersion
+from engine.io.beir import load_collection
+from engine.stage1 import Stage1Provider
 from tests.conftest import SCIFACT
+from trainer.milvus_stage1 import write_version
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +50,6 @@ def test_same_top_k_allows_ties_only():
 
 @pytest.fixture(scope="module")
 def test_queries(encoder):
-    from engine.io.beir import load_collection
-
     col = load_collection(SCIFACT, "test")
     ids = sorted(col.judged_queries())
     return ids, encoder.encode([col.queries[q] for q in ids])
@@ -55,10 +57,6 @@ def test_queries(encoder):
 
 @pytest.fixture(scope="module")
 def both_backends(pca_version, tmp_path_factory):
-    from engine.index import IndexVersion
-    from engine.stage1 import Stage1Provider
-    from trainer.milvus_stage1 import write_version
-
     provider = Stage1Provider("milvus", str(tmp_path_factory.mktemp("milvus") / "milvus.db"))
     written = write_version(provider.client, pca_version)
     assert written["rows"] == 5183

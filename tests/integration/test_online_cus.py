@@ -14,17 +14,17 @@ import os
 import subprocess
 import time
 
-import faiss
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.version import store
-from engine.io.beir import load_collection
-from adawidth.prefix import prefix_normalize
 from adawidth.rotation import pca_rotation
+from engine.io.beir import load_collection
+from engine.version import files
+from engine.version.manifest import read_manifest
+from engine.version.store import write_version
 from service.app import create_app
 from service.config import GatewaySettings
 from service.online_cus import OnlineCusMonitor
@@ -63,30 +63,22 @@ def test_a_full_queue_drops_and_never_blocks():
 
 def make_degraded_version(good: os.PathLike, home) -> str:
     """Copy ``good`` into ``home`` with the scrambling rotation J·PCA; returns the new version id."""
-    good_manifest = store.read_manifest(good)
+    good_manifest = read_manifest(good)
     R_good = np.load(os.path.join(good, "rotation.npy")).astype(np.float64)
     X = np.load(os.path.join(good, "docs.npy")).astype(np.float64) @ R_good  # the frozen embeddings back
     R = np.ascontiguousarray(pca_rotation(X)[::-1]).astype(np.float32)
     docs = np.ascontiguousarray(X @ R.T.astype(np.float64), dtype=np.float32)
-    m0 = good_manifest["m0"]
-    index = faiss.IndexFlatIP(m0)
-    index.add(prefix_normalize(docs, m0))
-    writers = {
-        "rotation.npy": lambda p: np.save(p, R),
-        "docs.npy": lambda p: np.save(p, docs),
-        "doc_sqnorm_m0.npy": lambda p: np.save(p, np.einsum("ij,ij->i", docs[:, :m0], docs[:, :m0]).astype(np.float32)),
-        "doc_ids.json": lambda p: p.write_text((good / "doc_ids.json").read_text()),
-        "stage1.faiss": lambda p: faiss.write_index(index, str(p)),
-    }
-    for meta in good_manifest["router"]["pairs"].values():
-        writers[meta["file"]] = (lambda src: (lambda p: p.write_bytes(src.read_bytes())))(good / meta["file"])
+    m0 = good_manifest.m0
+    writers, _, _ = files.dense_files(R, docs, json.loads((good / "doc_ids.json").read_text()), m0)
+    for meta in good_manifest.router.pairs.values():
+        writers[meta.file] = (lambda src: (lambda p: p.write_bytes(src.read_bytes())))(good / meta.file)
     # a dense-only copy: the lexical lane's and the rerank tiers' files are not copied, so the manifest must not
     # announce them
-    manifest = {k: v for k, v in good_manifest.items()
-                if k not in ("files", "schema_version", "version", "lexical", "rerank", "tiers")}
+    manifest = good_manifest.model_dump(mode="json", exclude={"files", "schema_version", "version", "lexical",
+                                                               "rerank", "tiers"})
     manifest["adapter"] = dict(manifest["adapter"], kind="degraded: PCA rotation with coordinates reversed")
     version = "99991231T000000Z-degraded"
-    store.write_version(home / "indexes" / "scifact", version, writers, manifest)
+    write_version(home / "indexes" / "scifact", version, writers, manifest)
     return version
 
 
@@ -136,7 +128,7 @@ def test_online_cus_on_the_good_version_matches_the_trainer_baseline(online_runs
     n = online_runs["queries"]
     assert good["adawidth_online_cus_samples_total/auto"] == n == 300  # sample rate 1: every query compared
     assert good["adawidth_online_cus_dropped_total"] == 0
-    base = online_runs["good_info"]["manifest"]["capacity"]["online_cus_baseline"]
+    base = online_runs["good_info"]["manifest"].capacity["online_cus_baseline"]
     assert base["queries"] == 300
     assert good["adawidth_online_cus_baseline_ratio"] == pytest.approx(base["agreement"])
     assert good["adawidth_escalation_target_ratio"] == pytest.approx(0.2)

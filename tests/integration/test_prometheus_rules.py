@@ -11,7 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
+
+from service.metrics import GatewayMetrics
+from service.online_cus import OnlineCusMonitor
+from trainer.serve import TrainerMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -59,8 +64,6 @@ def test_rule_unit_tests_catch_a_broken_rule(tmp_path):
 
 
 def test_every_alert_has_a_firing_and_a_silent_case():
-    import yaml
-
     rules = yaml.safe_load(RULES.read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     assert len(alerts) == 6
@@ -73,10 +76,6 @@ def test_every_alert_has_a_firing_and_a_silent_case():
 
 
 def exported_metric_names() -> set[str]:
-    from service.metrics import GatewayMetrics
-    from service.online_cus import OnlineCusMonitor
-    from trainer.serve import TrainerMetrics
-
     reg = CollectorRegistry()
     GatewayMetrics(reg)
     OnlineCusMonitor(reg, start=False)

@@ -10,10 +10,18 @@ must equal ``X @ R.T``, the builder's reader must refuse incomplete shards, and
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from adawidth.rotation import pca_rotation
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_corpus
 from tests.conftest import SCIFACT
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.ray_encode import encode_corpus, init_ray, read_shards, rotate_shards
 
 pytestmark = pytest.mark.integration
 
@@ -24,19 +32,12 @@ SUBSET = 160
 def ray_local():
     import ray
 
-    from trainer.ray_encode import init_ray
-
     init_ray(num_cpus=1)
     yield
     ray.shutdown()
 
 
 def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_local, encoder_dir):
-    from engine.io.beir import load_corpus
-    from adawidth.rotation import pca_rotation
-    from engine.encoder import OnnxEncoder
-    from trainer.ray_encode import encode_corpus, read_shards, rotate_shards
-
     out = encode_corpus(SCIFACT, tmp_path / "emb", encoder_dir, num_cpus=1, rows_per_task=64, limit=SUBSET)
     assert out["shards"] >= 1
     assert out["documents"] == SUBSET
@@ -58,23 +59,18 @@ def test_ray_shards_equal_single_process_embeddings_and_rotation(tmp_path, ray_l
         read_shards(tmp_path / "emb", ids + ["no-such-document"])
 
     # the index builder reads the shards instead of encoding (a BEIR folder of the same documents)
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-
     subset = _subset_folder(tmp_path / "subset", docs)
     settings = TrainerSettings(home=tmp_path / "home", encoder_dir=encoder_dir, redis_url=None).resolved()
     path, manifest = build_index(BuildOptions(dataset=subset, rotation="pca", eval_split=None, train_split=None,
                                               capacity=False, publish=False, embeddings=tmp_path / "emb"),
                                  settings, OnnxEncoder(encoder_dir, threads=1))
-    assert manifest["corpus"]["encoded_now"] == 0 and manifest["corpus"]["documents"] == SUBSET
+    assert manifest.corpus.encoded_now == 0 and manifest.corpus.documents == SUBSET
     built = np.load(path / "docs.npy") @ np.load(path / "rotation.npy")  # back to encoder coordinates
     assert np.allclose(built, X_ray, atol=1e-5)
 
 
 def _subset_folder(folder, docs):
     """A BEIR folder holding ``docs`` only (one query and judgment so the loader accepts it)."""
-    import json
-
     (folder / "qrels").mkdir(parents=True)
     with open(folder / "corpus.jsonl", "w") as fh:
         for d in docs:

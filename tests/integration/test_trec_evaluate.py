@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import pytrec_eval
 
-from engine.version import store as artifact
+from engine.version import store
+from engine.version.manifest import read_manifest
 from engine.io.beir import load_qrels
 from adawidth.metrics import ndcg_at_k
 from tests.conftest import SCIFACT, VAR, build_home
@@ -63,7 +64,7 @@ def test_run_files_score_in_pytrec_eval_as_in_our_metrics(pca_home, tmp_path):
         by_policy[p["policy"]] = p["ndcg@10"]
     # the rankings are the served ones: full width is the frozen encoder's exact search (the build's offline row)
     coll = pca_home / "indexes" / "scifact"
-    manifest = artifact.read_manifest(coll / artifact.read_live_pointer(coll))
-    exact = manifest["evaluation"]["static"]["exact/identity/384"]["all"]["ndcg@10"]
+    manifest = read_manifest(coll / store.read_live_pointer(coll))
+    exact = manifest.evaluation["static"]["exact/identity/384"]["all"]["ndcg@10"]
     assert by_policy["full"] == pytest.approx(exact, abs=2e-3)
     assert by_policy["64"] < by_policy["full"] and 0.5 < by_policy["auto"] < 0.7

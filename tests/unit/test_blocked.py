@@ -3,14 +3,11 @@ import pytest
 
 from adawidth.blocked import BlockedCorpus
 from adawidth.prefix import exact_prefix_search, prefix_normalize
+from tests.hybrid_support import unit_data
 
 
 def _data(seed=0, n=300, d=64):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d)).astype(np.float32)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    q = rng.standard_normal(d).astype(np.float32)
-    return X, q / np.linalg.norm(q)
+    return unit_data(seed, n, d)
 
 
 def test_blocked_scan_equals_direct_prefix_cosines_and_counts_work():

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adawidth import capacity as cap
 from adawidth.prefix import exact_prefix_search, prefix_normalize

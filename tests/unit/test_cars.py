@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from adawidth import cars
+from trainer.cars import CarsConfig, fit_operator, make_triples, select_by_cars
 
 
 def test_dual_only_dof_counts_tangent_dimensions():
@@ -89,8 +90,6 @@ def test_fit_prefers_dual_on_a_strongly_asymmetric_task():
     """Queries are a rotation of their positives (directional mismatch): with plenty of pairs the Dual fit
     ranks held-out queries better than the Shared one and CARS picks Dual; with 16 pairs it picks Shared."""
     pytest.importorskip("torch")
-    from trainer.cars import CarsConfig, fit_operator, make_triples, select_by_cars
-
     rng = np.random.default_rng(5)
     p, N = 16, 400
     X = rng.standard_normal((N, p))

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
-from engine.scorers import (CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, encode_pairs,
-                           pair_tokenizer, rerank_order)
-from trainer.dart.cross_encoder import RerankData, _groups, split_holdout
-from trainer.dart.finetune import rank
+from engine.scorers import (CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer, encode_pairs, pair_tokenizer,
+                            rerank_order)
+from trainer.dart.cross_encoder import (CrossEncoderModel, RerankData, _groups, export_cross_encoder, score_pairs,
+                                        split_holdout)
+from trainer.dart.finetune import load_bert, rank
+from trainer.export_onnx import package_model_dir
 
 
 def _tokenizer_file():
-    from trainer.export_onnx import package_model_dir
-
     return package_model_dir() / "tokenizer.json"
 
 
@@ -25,8 +26,6 @@ def test_pairs_carry_query_and_document_segments_and_truncate_the_document_first
     assert f["input_ids"].shape[1] == 16                      # padded to the longest pair, truncated at 16
     first = f["token_type_ids"][0]
     assert first[0] == 0 and first[-1] == 1                   # [CLS] query [SEP] | document [SEP]
-    from tokenizers import Tokenizer
-
     plain = Tokenizer.from_file(str(_tokenizer_file()))
     plain.no_padding()
     pieces = len(plain.encode("statins heart", add_special_tokens=False).ids)
@@ -102,9 +101,6 @@ def test_a_missing_cross_encoder_export_is_a_clear_error(tmp_path):
 
 def test_the_onnx_export_scores_like_torch(tmp_path):
     torch = pytest.importorskip("torch")
-    from trainer.dart.cross_encoder import CrossEncoderModel, export_cross_encoder, score_pairs
-    from trainer.dart.finetune import load_bert
-
     torch.manual_seed(0)
     bert, _ = load_bert()
     model = CrossEncoderModel(bert).eval()

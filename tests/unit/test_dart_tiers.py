@@ -8,6 +8,7 @@ import torch
 
 from adawidth.tiers import TIERS, maxsim, oracle_tier, predict_tier
 from trainer.dart.difficulty import DifficultyHead, fit_posthoc, joint_loss
+from trainer.dart.tier_head import fit_head
 
 
 def test_oracle_tier_is_the_cheapest_best():
@@ -60,8 +61,6 @@ def test_posthoc_head_learns_a_separable_rule():
 
 
 def test_the_served_head_learns_separable_oracle_tiers_and_reports_them():
-    from trainer.dart.tier_head import fit_head
-
     rng = np.random.default_rng(0)
     centers = np.eye(3, 8, dtype=np.float32) * 3
     t_true = np.repeat(np.arange(3), 20)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from engine.plan import has_lone_surrogate, is_blank
+from service.parsing import _bounded_int, log_query_sample
 from service.auth import key_matches
 from service.config import GatewaySettings, placeholder_reason
 from service.errors import STATUS_OF_CODE, ApiError, safe_text
@@ -75,9 +77,6 @@ def test_api_error_bodies_are_safe():
 
 
 def test_parse_helpers():
-    from engine.plan import has_lone_surrogate, is_blank
-    from service.parsing import _bounded_int
-
     assert _bounded_int("123") == 123 and _bounded_int("-7") == -7
     assert _bounded_int("9" * 19) == 10 ** 19 and _bounded_int("-" + "9" * 10_000) == -10 ** 19
     assert is_blank("") and is_blank(" \t\n\x00\u200b\u3000\ufeff") and not is_blank("\x00a") and not is_blank("🧬")
@@ -85,8 +84,6 @@ def test_parse_helpers():
 
 
 def test_query_log_sampling(caplog):
-    from service.parsing import log_query_sample
-
     caplog.set_level("INFO", logger="service.queries")
     off = GatewaySettings()
     assert not log_query_sample(off, "never logged", 64, draw=lambda: 0.0)

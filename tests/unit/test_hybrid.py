@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
+from pydantic import ValidationError
 
 from adawidth import hybrid
 from adawidth.prefix import prefix_normalize, top_k
-from service.errors import ApiError
 from engine.index import IndexVersion
+from engine.version.manifest import IndexVersionError, verify
+from service.config import GatewaySettings
+from service.errors import ApiError
 from service.retrieval import RetrievalOptions, retrieve
 from tests.hybrid_support import GROUPS, TENANTS, WORDS, synthetic_corpus, write_synthetic_version
 
@@ -187,24 +191,16 @@ def test_unknown_filter_field_is_refused(version):
 
 
 def test_lexical_files_are_checksummed(version, tmp_path):
-    from engine.version import store
-
     path = write_synthetic_version(tmp_path, n=30, dim=DIM)
-    manifest = store.verify_version(path)
-    assert {"bm25_data.npy", "bm25_vocab.json", "doc_text.json", "doc_fields.json"} <= set(manifest["files"])
+    manifest = verify(path)
+    assert {"bm25_data.npy", "bm25_vocab.json", "doc_text.json", "doc_fields.json"} <= set(manifest.files)
     (path / "doc_fields.json").write_text("[]")
-    with pytest.raises(store.IndexVersionError) as e:
+    with pytest.raises(IndexVersionError) as e:
         IndexVersion.load(path)
     assert e.value.code == "checksum"
 
 
 def test_access_settings_are_validated():
-    import hashlib
-
-    from pydantic import ValidationError
-
-    from service.config import GatewaySettings
-
     digest = hashlib.sha256(b"some-long-random-key-123").hexdigest()
     ok = GatewaySettings(access_policy="api_key", principals={digest: {"tenant": "acme", "groups": ["eng"]}})
     assert ok.principals[digest]["tenant"] == "acme"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from adawidth.metrics import mean_metric, ndcg_at_k, per_query, recall_at_k
+from adawidth.metrics import mean_metric, ndcg_at_k, per_query, ranking_metric, recall_at_k
 
 
 def test_ndcg_hand_computed():
@@ -59,3 +59,21 @@ def test_congruent_with_pytrec_eval_on_random_graded_runs(seed):
         assert ours_rec[q] == pytest.approx(ref[q]["recall_100"], abs=1e-6)
     # queries with only non-relevant judgments are skipped by us; pytrec_eval scores them 0
     assert set(ours_ndcg) == {q for q, j in qrels.items() if any(v > 0 for v in j.values())}
+
+
+def test_ranking_metric_is_rows_to_ids_to_metric():
+    """The one "ranking -> metric" helper equals the per-list metrics, from ids or from index rows."""
+    doc_ids = ["a", "b", "c", "d"]
+    judgments = [{"a": 2, "c": 1}, {"d": 1}, {}]
+    rows = np.array([[2, 0, 1], [0, 1, 2], [3, 2, 1]])
+    ids = [[doc_ids[r] for r in row] for row in rows]
+    for metric, fn, k in (("ndcg", ndcg_at_k, 2), ("recall", recall_at_k, 2)):
+        want = np.array([fn(r, j, k) for r, j in zip(ids, judgments)])
+        np.testing.assert_array_equal(ranking_metric(rows, judgments, metric, k, doc_ids), want)
+        np.testing.assert_array_equal(ranking_metric(ids, judgments, metric, k), want)
+    assert ranking_metric([], [], "ndcg", 10).shape == (0,)
+    for bad in (dict(metric="map"), dict(k=0)):
+        with pytest.raises(ValueError):
+            ranking_metric(ids, judgments, **{"metric": "ndcg", "k": 10, **bad})
+    with pytest.raises(ValueError):
+        ranking_metric(ids, judgments[:2])

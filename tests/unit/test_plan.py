@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.plan import (PLAN_CODES, Capabilities, PlanDefaults, PlanError, SearchSpec, resolve_plan)
+from engine.plan import PLAN_CODES, Capabilities, PlanDefaults, PlanError, SearchSpec, resolve_plan
 from service.errors import STATUS_OF_CODE
 
 FULL = Capabilities(dimension=384, policies=frozenset({"recall", "router", "funnel"}), default_policy="recall",

@@ -2,16 +2,12 @@ import numpy as np
 import pytest
 
 from adawidth.funnel import exact_stage1, exact_stage1_batch, resolve
-from adawidth.prefix import (PartialScores, exact_prefix_search, partial_scores_from_cosines, prefix_normalize,
-                             top_k)
+from adawidth.prefix import PartialScores, exact_prefix_search, partial_scores_from_cosines, prefix_normalize, top_k
+from tests.hybrid_support import unit_data
 
 
 def _data(seed=0, n=200, d=32):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d)).astype(np.float32)
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    q = rng.standard_normal(d).astype(np.float32)
-    return X, q / np.linalg.norm(q)
+    return unit_data(seed, n, d)
 
 
 def test_extend_reuses_partial_sums_and_equals_direct_cosine():
@@ -87,3 +83,20 @@ def test_partial_scores_is_not_mutated():
     p = PartialScores(np.arange(3), np.zeros(3), np.zeros(3), 0.0, 0)
     p.extend(q, X, 4)
     assert p.width == 0 and np.all(p.dot == 0)
+
+
+def test_top_k_breaks_ties_by_position_also_at_the_cutoff():
+    """One top-k for vectors and matrices: best first, equal scores in position order, and among equal scores
+    competing for the last places the lowest positions are kept (argpartition alone keeps arbitrary ones)."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        C, Q, k = int(rng.integers(1, 40)), int(rng.integers(1, 6)), int(rng.integers(0, 45))
+        S = rng.integers(0, 3, size=(Q, C)).astype(np.float32)  # many ties
+        want = np.array([sorted(range(C), key=lambda j: (-S[i, j], j))[:min(k, C)] for i in range(Q)],
+                        dtype=np.int64).reshape(Q, min(k, C))
+        got = top_k(S, k)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+        assert all(np.array_equal(top_k(S[i], k), want[i]) for i in range(Q))
+    assert top_k(np.ones(5), 2).tolist() == [0, 1] and top_k(np.ones((2, 5)), 0).shape == (2, 0)
+    with pytest.raises(ValueError):
+        top_k(np.ones((2, 2, 2)), 1)

@@ -7,8 +7,7 @@ vectors are in test_wy.py and test_router.py.)
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adawidth import wy
 from adawidth.metrics import ndcg_at_k, per_query, recall_at_k

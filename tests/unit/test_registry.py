@@ -7,10 +7,11 @@ import multiprocessing as mp
 
 import pytest
 
-from engine.version import store
 from engine.registry.file import FileRegistry
 from engine.registry.state import (RegistryError, RegistryState, apply_promote, apply_publish, apply_rollback,
                                    check_version_name)
+from engine.version import store
+from tests.hybrid_support import write_synthetic_version
 
 
 def test_publish_promote_rollback_transitions():
@@ -45,7 +46,8 @@ def test_refused_transitions_have_codes(call, code):
 
 
 def _version(coll, name):
-    store.write_version(coll, name, {"x.bin": lambda p: p.write_bytes(b"x")}, {"collection": "c"})
+    write_synthetic_version(coll.parent, n=8, dim=4, m0=2, shortlist=4, lexical=False, name=name,
+                            collection=coll.name)
 
 
 def test_file_registry_keeps_live_pointer_and_history(tmp_path):

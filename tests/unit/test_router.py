@@ -2,8 +2,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from adawidth.router import FEATURE_NAMES, mean_width, router_feature_matrix, router_features, threshold_for_rate
 

@@ -1,6 +1,6 @@
 """Stage-1 backends on a synthetic index version: Milvus Lite (in process) against faiss, and the refusals.
 
-The version is written with :func:`engine.version.store.write_version` exactly like
+The version is written with :func:`engine.version.store.write_version` and the format's writers, like
 the trainer's (rotated unit-norm documents, normalised m0-prefix faiss index), so
 the Milvus writer and the gateway's loader run on real files.  No router here:
 the routed policy is covered on SciFact in ``tests/integration/test_milvus_stage1.py``.
@@ -8,52 +8,39 @@ the routed policy is covered on SciFact in ``tests/integration/test_milvus_stage
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
-from engine.version import store
 from adawidth.prefix import exact_prefix_search, prefix_normalize
-
+from engine.index import IndexVersion
+from engine.stage1 import Stage1Provider, Stage1Unavailable
+from engine.version.milvus import milvus_collection_name
+from service.online_cus import OnlineCusMonitor, _Sample
+from tests.hybrid_support import write_synthetic_version
+from trainer.milvus_stage1 import write_version
 
 N, D, M0 = 2000, 48, 16
 
 
 def _synthetic_version(root, name="v1", seed=0):
-    import faiss
-
+    """N documents of a decaying spectrum (like a PCA rotation's), written by the format's writers."""
     rng = np.random.default_rng(seed)
-    scale = np.linspace(2.0, 0.2, D)  # decaying spectrum, like a PCA rotation's
-    X = (rng.standard_normal((N, D)) * scale).astype(np.float32)
+    X = (rng.standard_normal((N, D)) * np.linspace(2.0, 0.2, D)).astype(np.float32)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    index = faiss.IndexFlatIP(M0)
-    index.add(prefix_normalize(X, M0))
-    sq = np.einsum("ij,ij->i", X[:, :M0], X[:, :M0]).astype(np.float32)
-    writers = {"rotation.npy": lambda p: np.save(p, np.eye(D, dtype=np.float32)),
-               "docs.npy": lambda p: np.save(p, X),
-               "doc_sqnorm_m0.npy": lambda p: np.save(p, sq),
-               "doc_ids.json": lambda p: p.write_text(json.dumps([f"d{i}" for i in range(N)])),
-               "stage1.faiss": lambda p: faiss.write_index(index, str(p))}
-    manifest = {"collection": "synth", "encoder": {"onnx_sha256": "x"}, "dimension": D, "m0": M0, "shortlist": 100,
-                "adapter": {"kind": "identity", "sha256": f"sha-{seed}"}, "router": None,
-                "corpus": {"documents": N}}
-    return store.write_version(root / "synth", name, writers, manifest), X
+    path = write_synthetic_version(root, X=X, m0=M0, shortlist=100, lexical=False, name=name,
+                                   adapter={"kind": "identity", "sha256": f"sha-{seed}"})
+    return path, X
 
 
 @pytest.fixture
 def milvus(tmp_path):
-    from engine.stage1 import Stage1Provider
-
     provider = Stage1Provider("milvus", str(tmp_path / "milvus.db"))
     yield provider
     provider.close()
 
 
 def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, milvus):
-    from engine.index import IndexVersion
-    from trainer.milvus_stage1 import write_version
-
     path, X = _synthetic_version(tmp_path)
     out = write_version(milvus.client, path)
     assert out["written"] and out["rows"] == N
@@ -76,9 +63,6 @@ def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, mil
 
 
 def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, milvus):
-    from engine.index import IndexVersion
-    from trainer.milvus_stage1 import write_version
-
     path, X = _synthetic_version(tmp_path)
     write_version(milvus.client, path)
     vm = IndexVersion.load(path, stage1=milvus)
@@ -91,10 +75,6 @@ def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, mil
 
 
 def test_gateway_refuses_a_version_without_or_with_a_foreign_milvus_collection(tmp_path, milvus):
-    from engine.index import IndexVersion
-    from engine.stage1 import Stage1Unavailable, milvus_collection_name
-    from trainer.milvus_stage1 import write_version
-
     path, _ = _synthetic_version(tmp_path)
     with pytest.raises(Stage1Unavailable) as e:
         IndexVersion.load(path, stage1=milvus)
@@ -109,8 +89,6 @@ def test_gateway_refuses_a_version_without_or_with_a_foreign_milvus_collection(t
 
 
 def test_collection_names_are_valid_and_distinct():
-    from engine.stage1 import milvus_collection_name
-
     a = milvus_collection_name("scifact", "20261130T063214Z-fc31887d")
     assert a == "adawidth_scifact_20261130T063214Z_fc31887d"
     assert milvus_collection_name("scifact", "20261130T063214Z-fc31887e") != a
@@ -121,12 +99,6 @@ def test_collection_names_are_valid_and_distinct():
 
 def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
     """The online CUS full-width top-1 comes from the version's backend (Milvus scans there, not docs.npy)."""
-    from prometheus_client import CollectorRegistry
-
-    from engine.index import IndexVersion
-    from service.online_cus import OnlineCusMonitor, _Sample
-    from trainer.milvus_stage1 import write_version
-
     path, X = _synthetic_version(tmp_path)
     write_version(milvus.client, path)
     mon = OnlineCusMonitor(CollectorRegistry(), 1.0, start=False)
@@ -140,9 +112,6 @@ def test_online_cus_compares_through_the_version_backend(tmp_path, milvus):
 
 def test_allowed_sets_restrict_both_backends_alike(tmp_path, milvus):
     """A filter (allowed rows) is applied before the top-k by faiss (ID selector) and Milvus (expression) alike."""
-    from engine.index import IndexVersion
-    from trainer.milvus_stage1 import write_version
-
     path, X = _synthetic_version(tmp_path)
     write_version(milvus.client, path)
     vf, vm = IndexVersion.load(path), IndexVersion.load(path, stage1=milvus)

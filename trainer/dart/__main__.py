@@ -19,19 +19,25 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+from trainer.dart.export import export_finetuned
+from trainer.dart.finetune import (OBJECTIVES, FinetuneConfig, TrainData, add_setting_arguments, cached_states,
+                                   load_bert, merge_into, split_dev, train)
 
 
 def main(argv=None) -> int:
-    from trainer.dart.finetune import OBJECTIVES
-
+    """``python -m trainer.dart``: fine-tune, export and optionally build; returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m trainer.dart", description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", type=Path, required=True, help="BEIR folder with train (and test) qrels")
     ap.add_argument("--objective", choices=OBJECTIVES, default="at_dw_infonce")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--alpha", type=float, default=2.0)
-    ap.add_argument("--trainable-layers", type=int, default=1)
-    ap.add_argument("--doc-max-tokens", type=int, default=128)
-    ap.add_argument("--max-epochs", type=int, default=2)
+    add_setting_arguments(ap, max_epochs=2)
     ap.add_argument("--out", type=Path, required=True, help="ONNX export folder to write")
     ap.add_argument("--home", type=Path, help="working folder (env ADAWIDTH_HOME, default var)")
     ap.add_argument("--build", action="store_true", help="build an index version with the new encoder")
@@ -39,14 +45,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-publish", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    import torch
-
-    from engine.io.beir import load_collection
-    from trainer.config import TrainerSettings
-    from trainer.dart.export import export_finetuned
-    from trainer.dart.finetune import FinetuneConfig, TrainData, cached_states, load_bert, merge_into, split_dev, train
-
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     settings = TrainerSettings(**({"home": args.home} if args.home else {})).resolved()
     col = load_collection(args.dataset, "train")
@@ -71,15 +69,12 @@ def main(argv=None) -> int:
     out = export_finetuned(merge_into(bert, top), args.out, tag=f"{args.objective}-seed{args.seed}", report=report)
     result = {"encoder_dir": str(out), "best_dev_ndcg10": report["best_dev_ndcg10"]}
     if args.build:
-        from engine.encoder import OnnxEncoder
-        from trainer.build import BuildOptions, build_index
-
         settings = settings.model_copy(update={"encoder_dir": out})
         encoder = OnnxEncoder(out, threads=settings.encoder_threads)
         path, manifest = build_index(BuildOptions(dataset=args.dataset,
                                                   collection=args.collection or f"{args.dataset.name}-dart",
                                                   publish=not args.no_publish), settings, encoder)
-        result.update(version=manifest["version"], path=str(path), encoder=manifest["encoder"])
+        result.update(version=manifest.version, path=str(path), encoder=manifest.encoder.model_dump(mode="json"))
     print(json.dumps(result))
     return 0
 

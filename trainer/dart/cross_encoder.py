@@ -26,25 +26,33 @@ CPU defaults (documented in docs/METHOD.md): 128 training tokens, groups of 8, 4
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import logging
 import math
+import os
 import shutil
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from engine.version.store import sha256_file
-from adawidth.metrics import ndcg_at_k
+from adawidth.metrics import ranking_metric
 from adawidth.tiers import RERANK_DEPTH
-from engine.scorers import encode_pairs, pair_tokenizer, rerank_order
-from trainer.dart.finetune import warmup_linear_decay
+from engine.encoder import OnnxEncoder
+from engine.io import atomic
+from engine.io.beir import load_collection
+from engine.io.checksum import sha256_file
+from engine.scorers import CrossEncoderScorer, encode_pairs, pair_tokenizer, rerank_order
+from trainer.config import TrainerSettings
+from trainer.dart.finetune import load_bert, optimizer_step, rank, warmup_linear_decay
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
+from trainer.export_onnx import package_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +158,10 @@ def score_pairs(model: CrossEncoderModel, tok, query: str, texts: Sequence[str],
 
 def dev_ndcg(model: CrossEncoderModel, tok, data: RerankData, qids: Sequence[str], batch: int = 32) -> float:
     """Mean NDCG@10 of the cross-encoder reranking each query's candidates (higher is better)."""
-    vals = []
-    for q in qids:
-        rows = data.candidates[q]
-        s = score_pairs(model, tok, data.query_texts[q], [data.doc_texts[r] for r in rows], batch)
-        vals.append(ndcg_at_k([data.doc_ids[r] for r in rerank_rows(s, rows)], data.judgments[q], 10))
-    return float(np.mean(vals)) if vals else float("nan")
+    ranked = [rerank_rows(score_pairs(model, tok, data.query_texts[q], [data.doc_texts[r] for r in data.candidates[q]],
+                                      batch), data.candidates[q]) for q in qids]
+    vals = ranking_metric(ranked, [data.judgments[q] for q in qids], "ndcg", 10, data.doc_ids)
+    return float(vals.mean()) if len(vals) else float("nan")
 
 
 def _groups(rng: np.random.Generator, data: RerankData, qids: Sequence[str], group: int):
@@ -179,8 +185,6 @@ def train(cfg: CrossEncoderConfig, bert, tokenizer_file: Path | str, data: Reran
     Raises:
         ValueError: when no training query has both a positive and a negative candidate.
     """
-    from tqdm.auto import tqdm
-
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     model = CrossEncoderModel(copy.deepcopy(bert))
@@ -211,11 +215,7 @@ def train(cfg: CrossEncoderConfig, bert, tokenizer_file: Path | str, data: Reran
             f = {k: torch.as_tensor(v) for k, v in encode_pairs(tok, qs, ds).items()}
             logits = model(**f).view(len(chunk), cfg.group_size)
             loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(chunk), dtype=torch.long))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, model.parameters())
             step += 1
             losses.append(loss.item())
             bar.update(1)
@@ -245,10 +245,7 @@ def export_cross_encoder(model: CrossEncoderModel, tokenizer_file: Path | str, o
     held-out query ids (the build fits the difficulty head on held-out ones only).
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic.atomic_path(out_dir, directory=True) as tmp:
         model = model.eval()
         dummy = torch.ones((2, 8), dtype=torch.long)
         with torch.no_grad():
@@ -265,31 +262,11 @@ def export_cross_encoder(model: CrossEncoderModel, tokenizer_file: Path | str, o
                 "dataset": dataset, "train_query_ids": sorted(train_query_ids),
                 "holdout_query_ids": list(holdout_query_ids), "training": report}
         (tmp / "cross_encoder.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
-        if out_dir.exists():
-            old = out_dir.parent / f".old-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
 def main(argv=None) -> int:
     """``python -m trainer.dart.cross_encoder``: fine-tune, export to ONNX, and optionally evaluate on a split."""
-    import argparse
-    import os
-
-    from engine.io.beir import load_collection
-    from engine.encoder import OnnxEncoder
-    from trainer.config import TrainerSettings
-    from trainer.dart.finetune import load_bert, rank
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-    from trainer.export_onnx import package_model_dir
-
     d = CrossEncoderConfig()
     ap = argparse.ArgumentParser(prog="python -m trainer.dart.cross_encoder",
                                  description="Fine-tune the DART cross-encoder tier from the bundled MiniLM weights "
@@ -341,29 +318,25 @@ def main(argv=None) -> int:
     bert, _ = load_bert()
     tok_file = package_model_dir() / "tokenizer.json"
     model, report = train(cfg, bert, tok_file, data, train_ids, dev_ids)
-    base = float(np.mean([ndcg_at_k([doc_ids[r] for r in data.candidates[q]], col.qrels[q], 10) for q in dev_ids])) \
-        if dev_ids else None
+    base = float(ranking_metric([data.candidates[q] for q in dev_ids], [col.qrels[q] for q in dev_ids], "ndcg", 10,
+                                doc_ids).mean()) if dev_ids else None
     report["dev_bi_encoder_ndcg10"] = base
     path = export_cross_encoder(model, tok_file, out, max_tokens=cfg.max_tokens, report=report,
                                 holdout_query_ids=held, train_query_ids=train_ids, dataset=str(args.dataset))
     result = {"out": str(path), "steps": report["steps"], "seconds": round(report["seconds"], 1),
               "dev_ndcg10": report["best_dev_ndcg10"], "dev_bi_encoder_ndcg10": base}
     if args.eval_split:
-        from engine.scorers import CrossEncoderScorer
-
         ev = load_collection(args.dataset, args.eval_split)
         qs = sorted(ev.judged_queries())[:args.eval_queries]
         QT, _ = encode_with_cache(encoder, [ev.queries[q] for q in qs], cache, desc="encoding eval queries")
         ct = rank(QT, X, RERANK_DEPTH)
         scorer = CrossEncoderScorer(path, threads=settings.encoder_threads)
-        bi, ce = [], []
-        from tqdm.auto import tqdm
-        for i, q in enumerate(tqdm(qs, desc="evaluating", unit="query")):
-            s = scorer.score(ev.queries[q], [doc_texts[r] for r in ct[i]])
-            bi.append(ndcg_at_k([doc_ids[r] for r in ct[i]], ev.qrels[q], 10))
-            ce.append(ndcg_at_k([doc_ids[r] for r in rerank_rows(s, ct[i])], ev.qrels[q], 10))
-        result.update(eval_split=args.eval_split, eval_queries=len(qs), bi_encoder_ndcg10=float(np.mean(bi)),
-                      cross_encoder_ndcg10=float(np.mean(ce)))
+        reranked = [rerank_rows(scorer.score(ev.queries[q], [doc_texts[r] for r in ct[i]]), ct[i])
+                    for i, q in enumerate(tqdm(qs, desc="evaluating", unit="query"))]
+        judged = [ev.qrels[q] for q in qs]
+        result.update(eval_split=args.eval_split, eval_queries=len(qs),
+                      bi_encoder_ndcg10=float(ranking_metric(ct, judged, "ndcg", 10, doc_ids).mean()),
+                      cross_encoder_ndcg10=float(ranking_metric(reranked, judged, "ndcg", 10, doc_ids).mean()))
     print(json.dumps(result))
     return 0
 

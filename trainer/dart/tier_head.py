@@ -22,9 +22,13 @@ import logging
 from typing import Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from adawidth.metrics import ndcg_at_k
+from adawidth.metrics import ranking_metric
 from adawidth.tiers import RERANK_DEPTH, TIERS, oracle_tier, predict_tier
+from engine.scorers import MaxSimScorer, rerank_order
+from trainer.dart.difficulty import fit_posthoc
+from trainer.dart.finetune import rank
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +47,17 @@ def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str]
     Returns:
         ``{"ndcg10": (B, T) float64 in TIERS order, "rankings": {tier: (B, depth) int64 rows}}``.
     """
-    from tqdm.auto import tqdm
-
-    from engine.scorers import MaxSimScorer, rerank_order
-    from trainer.dart.finetune import rank
-
     cand = rank(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth)
     maxsim = MaxSimScorer(encoder, cache_documents=len(np.unique(cand)))
     ranks = {t: np.empty_like(cand) for t in TIERS}
-    ndcg = np.zeros((len(query_texts), len(TIERS)))
     for i in tqdm(range(len(query_texts)), desc="tier labels", unit="query", disable=not progress):
         rows = cand[i]
         texts = [doc_texts[r] for r in rows]
         ranks["mips"][i] = rows
         ranks["maxsim"][i] = rows[rerank_order(maxsim.score(query_texts[i], "labels", rows, texts))]
         ranks["cross_encoder"][i] = rows[rerank_order(cross_encoder.score(query_texts[i], texts))]
-        for j, t in enumerate(TIERS):
-            ndcg[i, j] = ndcg_at_k([doc_ids[r] for r in ranks[t][i]], judgments[i], 10)
-    return {"ndcg10": ndcg, "rankings": ranks}
+    ndcg = np.stack([ranking_metric(ranks[t], judgments, "ndcg", 10, doc_ids) for t in TIERS], axis=1)
+    return {"ndcg10": ndcg.reshape(len(query_texts), len(TIERS)), "rankings": ranks}
 
 
 def fit_head(Q: np.ndarray, ndcg: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, dict]:
@@ -73,8 +70,6 @@ def fit_head(Q: np.ndarray, ndcg: np.ndarray, *, seed: int = 0) -> tuple[np.ndar
         (W of shape (T, D) float32, a report: label counts, per-tier mean NDCG@10, in-sample accuracy and the
         in-sample NDCG@10 of head routing and of oracle routing).
     """
-    from trainer.dart.difficulty import fit_posthoc
-
     t_star = oracle_tier(ndcg)
     W = fit_posthoc(Q, t_star, seed=seed)
     pred = predict_tier(W, Q)

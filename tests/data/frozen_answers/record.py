@@ -23,6 +23,11 @@ from pathlib import Path
 
 import httpx
 
+from engine.encoder import OnnxEncoder
+from engine.io.beir import load_collection
+from trainer.build import BuildOptions, build_index
+from trainer.config import TrainerSettings
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 OUT = Path(__file__).with_name("pca_scifact.json.gz")
@@ -48,11 +53,6 @@ def phrase_query(text: str) -> str:
 
 
 def main() -> None:
-    from engine.io.beir import load_collection
-    from trainer.build import BuildOptions, build_index
-    from trainer.config import TrainerSettings
-    from engine.encoder import OnnxEncoder
-
     home = Path(tempfile.mkdtemp(prefix="frozen-home-"))
     enc_dir = ROOT / "var" / "models" / "minilm-onnx"
     settings = TrainerSettings(home=home, encoder_dir=enc_dir, redis_url=None,
@@ -78,7 +78,7 @@ def main() -> None:
             time.sleep(0.3)
         out = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                         text=True).stdout.strip(),
-               "build": {"rotation": "pca", "version": manifest["version"]}, "k": 10, "policies": {}}
+               "build": {"rotation": "pca", "version": manifest.version}, "k": 10, "policies": {}}
         with httpx.Client(timeout=30) as client:
             for name, fields in POLICIES.items():
                 answers = {}

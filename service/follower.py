@@ -1,0 +1,249 @@
+"""The registry follower of a gateway replica, and the replica's start-up.
+
+:class:`RegistryFollower` is the replica's background thread: it reconciles with the registry on every change
+notification (Redis pub/sub, or the file registry's state-file poll) and every ``registry_poll_s`` seconds.
+A reconcile loads, verifies and warms new versions (:meth:`service.version_manager.VersionManager.ensure_loaded`),
+reports to the registry which versions this replica holds warm, and switches live when the registry's live
+version changed.  A refused version is recorded in the registry history.  When the registry is unreachable
+the replica keeps serving, reports itself degraded, and retries with exponential backoff; the first
+successful reconcile converges it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.registry import open_registry
+from engine.registry.base import Registry
+from engine.registry.state import RegistryState, RegistryUnavailable
+from engine.version import store
+from service.version_manager import VersionManager, VersionRefused
+
+log = logging.getLogger(__name__)
+
+
+def default_replica_id(port: int | None = None) -> str:
+    """``<hostname>:<port>`` (or ``<hostname>:pid<pid>``)."""
+    return f"{socket.gethostname()}:{port}" if port else f"{socket.gethostname()}:pid{os.getpid()}"
+
+
+class RegistryFollower:
+    """Background thread keeping a :class:`VersionManager` in step with the registry.
+
+    Args:
+        registry: the registry.
+        manager: the replica's versions.
+        replica: this replica's id (reported to the registry).
+        poll_s: seconds between reconciles when no notification arrives.
+        backoff_initial_s / backoff_max_s: reconnect backoff after the registry is lost (doubles, ±20 % jitter).
+        fallback_live: called when the registry cannot be read at start, or has no live version;
+            returns a version name (the file LIVE pointer) or None.
+        metrics: :class:`service.metrics.CutoverMetrics` (``registry_up``).
+    """
+
+    def __init__(self, registry: Registry, manager: VersionManager, replica: str, *, poll_s: float = 1.0,
+                 backoff_initial_s: float = 0.2, backoff_max_s: float = 5.0,
+                 fallback_live: Callable[[], str | None] | None = None, metrics=None):
+        self.registry, self.manager, self.replica = registry, manager, replica
+        self.poll_s, self.backoff_initial_s, self.backoff_max_s = poll_s, backoff_initial_s, backoff_max_s
+        self.fallback_live = fallback_live
+        self.metrics = metrics
+        self.collection = manager.collection
+        self.registry_error: str | None = None
+        self.registry_live: str | None = None
+        self.revision: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reconcile_lock = threading.Lock()
+        self._last_report: tuple | None = None
+        self._last_report_at = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Reconcile once in the caller (so the replica starts serving), then follow in a daemon thread."""
+        try:
+            self.reconcile()
+            self._up()
+        except RegistryUnavailable as e:
+            self._down(e)
+            self._fallback()
+        except Exception:  # e.g. an unreadable state file: serve the LIVE pointer, keep following
+            log.exception("first reconcile with the registry failed")
+            self._fallback()
+        self._thread = threading.Thread(target=self._run, name="registry-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the follower thread, waiting up to ``timeout_s`` seconds for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def degraded(self) -> bool:
+        """True while the registry is unreachable (the replica keeps serving its live version)."""
+        return self.registry_error is not None
+
+    def _up(self) -> None:
+        if self.registry_error is not None:
+            log.warning("registry %s reachable again; converged at revision %s", self.registry.kind, self.revision)
+        self.registry_error = None
+        if self.metrics is not None:
+            self.metrics.registry_up.set(1)
+
+    def _down(self, e: Exception) -> None:
+        if self.registry_error is None:
+            log.error("registry %s unreachable, serving %s/%s until it returns: %s", self.registry.kind,
+                      self.collection, self.manager.live.version if self.manager.live else None, e)
+        self.registry_error = str(e)
+        if self.metrics is not None:
+            self.metrics.registry_up.set(0)
+
+    def _fallback(self) -> None:
+        if self.manager.live is not None or self.fallback_live is None:
+            return
+        name = self.fallback_live()
+        if name:
+            with contextlib.suppress(Exception):
+                self.manager.ensure_loaded(name)
+                self.manager.switch(name, "start")
+
+    def _run(self) -> None:
+        sub = None
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                if sub is None:
+                    sub = self.registry.subscribe(self.collection)
+                    self.reconcile()  # changes missed while unsubscribed
+                    self._up()
+                    backoff = self.backoff_initial_s
+                sub.wait(self.poll_s)
+                if self._stop.is_set():
+                    break
+                self.reconcile()
+                self._up()
+            except RegistryUnavailable as e:
+                self._down(e)
+                if sub is not None:
+                    sub.close()
+                    sub = None
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, self.backoff_max_s)
+            except Exception:  # never let the follower die; the live version keeps serving
+                log.exception("registry follower error; retrying")
+                self._stop.wait(self.poll_s)
+        if sub is not None:
+            sub.close()
+
+    def status(self) -> dict:
+        """Registry view for ``/readyz``: kind, revision, the registry's live version, and degradation reasons."""
+        live = self.manager.live
+        degraded = []
+        if self.registry_error is not None:
+            degraded.append(f"registry unreachable: {self.registry_error}")
+        if self.registry_live and (live is None or self.registry_live != live.version):
+            code = self.manager.refused.get(self.registry_live)
+            degraded.append(f"registry live version {self.registry_live} "
+                            + (f"refused here ({code})" if code else "not switched to yet"))
+        return {"registry": self.registry.kind, "registry_revision": self.revision, "registry_live": self.registry_live,
+                "warm_versions": self.manager.warm(), "degraded": degraded}
+
+    # -- one reconcile --------------------------------------------------------------------------
+    def reconcile(self) -> RegistryState:
+        """Bring this replica in line with the registry; returns the state read.
+
+        Raises:
+            RegistryUnavailable: the registry cannot be read (nothing changes locally).
+        """
+        with self._reconcile_lock:
+            state = self.registry.get(self.collection)
+            self.revision = state.revision
+            self.registry_live = state.live
+            target = state.live or (self.fallback_live() if self.fallback_live and self.manager.live is None else None)
+            # the live version first (a promotion must not wait behind candidate warm-ups) ...
+            if target and target not in self.manager.refused:
+                try:
+                    self.manager.ensure_loaded(target)
+                    self.manager.switch(target, state.last_action or "promote")
+                except Exception as e:
+                    self._report_refusal(target, e)
+            # ... then the candidates and the rollback target, kept warm
+            for name in (*state.candidates, state.previous):
+                if name and name not in self.manager.refused:
+                    try:
+                        self.manager.ensure_loaded(name)
+                    except Exception as e:
+                        self._report_refusal(name, e)
+            if state.revision > 0 or state.live:
+                self.manager.retain({n for n in (state.live, state.previous, *state.candidates) if n})
+            self._report()
+            return state
+
+    def _report_refusal(self, version: str, e: Exception) -> None:
+        if getattr(e, "transient", False):  # e.g. Milvus unreachable: retried on the next reconcile, not refused
+            log.warning("cannot load %s/%s yet: %s", self.collection, version, e)
+            return
+        code = getattr(e, "code", "load_error")
+        with contextlib.suppress(RegistryUnavailable):
+            self.registry.record(self.collection, {"action": "refuse", "version": version, "reason": code,
+                                                   "detail": str(e)[:500], "replica": self.replica})
+
+    def _report(self, every_s: float = 10.0) -> None:
+        live = self.manager.live
+        rep = {"live": live.version if live else None, "warm": self.manager.warm(),
+               "refused": dict(self.manager.refused)}
+        key = (rep["live"], tuple(rep["warm"]), tuple(sorted(rep["refused"].items())))
+        now = time.monotonic()
+        if key != self._last_report or now - self._last_report_at >= every_s:
+            self.registry.report_replica(self.collection, self.replica, rep)
+            self._last_report, self._last_report_at = key, now
+
+
+
+def start_replica(settings, manager: VersionManager, metrics=None):
+    """Load the first live version and start following the registry.
+
+    With ``settings.version`` set the replica is pinned to it (no registry).
+    Otherwise it opens the registry (:func:`engine.registry.open_registry`),
+    reconciles once (falling back to the ``LIVE`` file when the registry is
+    unreachable or empty) and starts the follower thread.
+
+    Returns:
+        ``(registry | None, follower | None, load_error | None)``.
+    """
+    root, coll = Path(settings.index_root), settings.collection
+    if settings.version:
+        try:
+            manager.ensure_loaded(settings.version)
+            manager.switch(settings.version, "start")
+        except VersionRefused as e:
+            return None, None, str(e)
+        return None, None, None
+    registry = open_registry(redis_url=settings.redis_url, index_root=root)
+
+    def fallback() -> str | None:
+        try:
+            return store.read_live_pointer(root / coll)
+        except (OSError, ValueError, KeyError):
+            return None
+
+    follower = RegistryFollower(registry, manager, settings.replica_id or default_replica_id(settings.port),
+                                poll_s=settings.registry_poll_s, backoff_max_s=settings.registry_backoff_max_s,
+                                fallback_live=fallback, metrics=metrics)
+    follower.start()
+    error = None
+    if manager.live is None:
+        refused = {v: c for v, c in manager.refused.items()}
+        error = (f"collection {coll!r} under {root} has no live version"
+                 + (f" that loads (refused: {refused})" if refused else
+                    " (build one: python -m trainer build --dataset ...)"))
+    return registry, follower, error
