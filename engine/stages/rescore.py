@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from adawidth import levels
 from adawidth import stage1_policy
 from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
 from engine.candidates import Candidates
@@ -58,8 +59,6 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out.trace.update(escalated=False)
         return out
     if plan.policy in ("exact", "recall") and c.state is not None:  # finish the level scan
-        from adawidth import levels
-
         res = levels.finish(c.state, bound=c.trace["bound"], z=c.trace["confidence"])
         out = c.ranked(res.rows, res.scores.astype(np.float64), version.dimension)
         out.work["rescore"] = int(res.coordinates - c.state.coordinates)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from adawidth import levels
 from adawidth import hybrid, stage1_policy
 from adawidth.prefix import prefix_normalize
 from engine.candidates import Candidates
@@ -65,8 +66,6 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
         return c
     if plan.policy in ("exact", "recall"):
-        from adawidth import levels
-
         state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads)
         c.state = state
         c.width = version.levels.layout.bounds[1]
