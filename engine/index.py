@@ -24,6 +24,7 @@ from adawidth.funnel import Resolution, resolve
 from adawidth.prefix import prefix_normalize
 from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
+from engine.recall import RecallPolicy
 from engine.stage1 import ExactStage1, FaissStage1, Shortlist
 from engine.version import files
 from engine.version.manifest import (SCHEMA_VERSION, CorpusSection, EncoderSection, Expect, Manifest, RouterSection,
@@ -172,6 +173,14 @@ class IndexVersion:
                           lexical, stage1=stage1.attach(path, manifest, core.docs, core.doc_sqnorm_m0))
         version.texts = files.read_rerank_texts(path, manifest)
         version.tier_head = files.read_tier_head(path, manifest)
+        if in_process:  # the level scan reads the version's level-major files in process (memory-mapped)
+            version.levels = files.read_levels(path, manifest)
+            rp = files.read_recall_policy(path, manifest)
+            if rp is not None:
+                s = rp.section
+                version.recall_policy = RecallPolicy(rp.booster, list(s.feature_names), np.asarray(s.z_grid), s.bound,
+                                                     rp.calibration_pred, rp.calibration_recall, k=s.k,
+                                                     margin_share=s.margin_share)
         return version
 
     @classmethod

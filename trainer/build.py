@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import stage1_policy
+from adawidth.levels import LevelStore
+from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
 from adawidth.funnel import resolve
@@ -47,7 +49,8 @@ from engine.version import files
 from engine.version.files import Files
 from engine.version.lexical import lexical_files
 from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, CarsSection, CorpusSection, EncoderSection,
-                                     Manifest, RouterPairSection, RouterSection, TiersSection, read_manifest)
+                                     Manifest, PolicySection, RouterPairSection, RouterSection, TiersSection,
+                                     read_manifest)
 from engine.version.store import new_version_id, utc_timestamp, write_version
 from trainer.adapter import AdapterConfig, train_adapter
 from trainer.capacity_report import file_writers as capacity_file_writers, summary as capacity_summary
@@ -57,6 +60,7 @@ from trainer.embed_cache import EmbeddingCache, encode_with_cache
 from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_report, score_rankings
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
+from trainer.recall_fit import calibration_report, concat_tables, fit_recall_policy, recall_table
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
@@ -96,6 +100,10 @@ class BuildOptions:
     tiers: bool = False                    # fit the DART difficulty head (tier 'auto'); needs a cross-encoder export
     cross_encoder: Path | None = None      # its export (default <home>/models/minilm-cross-encoder)
     tier_head_queries: int | None = None   # label at most this many held-out training queries (None: all of them)
+    levels: bool = True                    # the level-major corpus of the certified level scan (width 'full', 'recall')
+    recall_policy: bool = True             # fit policy 'recall' (the default 'auto'); needs levels
+    recall_bound: str = "data_aware_doc"   # the level scan's probabilistic bound of policy 'recall'
+    pseudo_queries: int = 600              # calibration queries drawn from the corpus when there is no train split
 
 
 class _Timer:
@@ -224,6 +232,8 @@ class BuildContext:
     router_meta: dict = field(default_factory=dict)
     parts: list | None = None
     policy: PolicyFit | None = None
+    levels: LevelStore | None = None
+    recall: dict | None = None             # the fitted recall policy: booster, oof, table, section fields
     evaluation: dict | None = None
     capacity: dict | None = None
 
@@ -373,6 +383,47 @@ def _routers(ctx: BuildContext) -> None:
         }
 
 
+def _levels_and_recall(ctx: BuildContext) -> None:
+    """The level store of the served rotation and policy ``recall``: a LightGBM model of recall@k per confidence,
+    calibrated out of fold on the training queries (through the cross-fitted rotations when the rotation is
+    learned, as the routers are), or on pseudo-queries drawn from the corpus when there is no train split."""
+    opts = ctx.opts
+    if not opts.levels:
+        return
+    with ctx.timer("level store"):
+        ctx.levels = LevelStore.build(ctx.X_rot)
+    if not opts.recall_policy:
+        return
+    with ctx.timer("recall policy"):
+        if ctx.has_train:
+            source = "train" + (" (cross-fitted rotations)" if ctx.parts and len(ctx.parts) > 1 else "")
+            parts = ctx.parts if ctx.parts and len(ctx.parts) > 1 else [(np.arange(len(ctx.train.ids)), ctx.R)]
+            tables = []
+            for idx, Rf in parts:
+                store = ctx.levels if Rf is ctx.R else LevelStore.build(np.ascontiguousarray(ctx.X @ Rf.T, np.float32))
+                tables.append(recall_table(store, np.ascontiguousarray(ctx.train.emb[idx] @ Rf.T, np.float32),
+                                           bound=opts.recall_bound))
+            table = concat_tables(tables)
+            pseudo = None
+        else:
+            docs = ctx.col.corpus
+            pseudo = pseudo_queries([d.title for d in docs], [d.text for d in docs], opts.pseudo_queries, opts.seed)
+            cache = EmbeddingCache(ctx.settings.embedding_cache, ctx.encoder.dimension)
+            try:
+                QP, _ = encode_with_cache(ctx.encoder, pseudo.texts, cache, desc=f"encoding {ctx.name} pseudo-queries")
+            finally:
+                cache.close()
+            source = f"pseudo:{pseudo.record['mode']}"
+            table = recall_table(ctx.levels, np.ascontiguousarray(QP @ ctx.R.T, np.float32), bound=opts.recall_bound)
+        booster, oof = fit_recall_policy(table, seed=opts.seed)
+        ctx.recall = {"booster": booster, "oof": oof, "table": table,
+                      "section": {"feature_names": list(table.feature_names), "z_grid": [float(z) for z in table.z_grid],
+                                  "bound": opts.recall_bound, "k": 10, "margin_share": 0.25,
+                                  "calibration_source": source,
+                                  "calibration": calibration_report(table, oof),
+                                  "pseudo_queries": pseudo.record if pseudo is not None else None}}
+
+
 def _funnel_policy(ctx: BuildContext) -> None:
     """``--stage1-policy``: the per-query funnel policy over the default grid."""
     if not ctx.opts.stage1_policy:
@@ -437,6 +488,17 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
             train_queries=ctx.policy.train_queries,
             mean_agreement_by_config=[float(v) for v in ctx.policy.mean_agreement])
         writers.update(policy_writers)
+    levels_section = recall_section = None
+    if ctx.levels is not None:
+        level_writers, levels_section = files.level_files(ctx.levels)
+        writers.update(level_writers)
+    if ctx.recall is not None:
+        r = ctx.recall
+        recall_writers, recall_section = files.recall_policy_files(r["booster"], r["oof"], r["table"].recall,
+                                                                   **r["section"])
+        writers.update(recall_writers)
+    default_policy = ("recall" if recall_section is not None else "funnel" if ctx.policy is not None
+                      else "router" if ctx.routers else None)
     if ctx.capacity is not None:
         writers.update(capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
                                                            f"{ctx.eval_split} split)"))
@@ -455,7 +517,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
                              train_split=ctx.train_split, eval_split=ctx.eval_split),
         stage1_policy=policy, evaluation=ctx.evaluation, lexical=lexical,
         cars=CarsSection(**ctx.cars_meta) if ctx.cars_meta is not None else None,
-        rerank=rerank, tiers=tiers, capacity=capacity_summary(ctx.capacity) if ctx.capacity is not None else None,
+        rerank=rerank, tiers=tiers, levels=levels_section, recall_policy=recall_section,
+        policy=PolicySection(default=default_policy), capacity=capacity_summary(ctx.capacity) if ctx.capacity is not None else None,
         build_seconds=ctx.timer.t)
     return version, writers, manifest
 
@@ -494,8 +557,8 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     """
     _check_options(opts, settings, encoder.dimension)
     ctx = BuildContext(opts, settings, encoder)
-    for step in (_read_dataset, _encode, _difficulty_head, _cars, _rotations, _routers, _funnel_policy,
-                 _evaluation_and_capacity):
+    for step in (_read_dataset, _encode, _difficulty_head, _cars, _rotations, _routers, _levels_and_recall,
+                 _funnel_policy, _evaluation_and_capacity):
         step(ctx)
     version, writers, manifest = _version_files(ctx)
     path = write_version(Path(settings.index_root) / ctx.name, version, writers, manifest)

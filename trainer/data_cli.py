@@ -17,11 +17,13 @@ import numpy as np
 
 from adawidth.metrics import ndcg_at_k, recall_at_k
 from engine.encoder import OnnxEncoder
-from engine.index import IndexVersion, resolve_version_path
+from engine.index import IndexVersion
+from engine.version.store import resolve_version_path
 from engine.io.beir import DatasetFormatError, load_collection
 from engine.pipeline import Pipeline
 from engine.plan import PlanError, SearchSpec
 from engine.version import store
+from engine.version.manifest import Expect
 from trainer.embed_cache import EmbeddingCache, encode_with_cache
 from trainer.export_onnx import export_encoder
 from trainer.shipped_embeddings import MIN_COSINE, SAMPLE_DOCUMENTS, SAMPLE_QUERIES, seed_cache, write_shipped
@@ -165,7 +167,7 @@ def _evaluate(args, settings) -> int:
     encoder = _encoder(settings)
     try:
         path = resolve_version_path(settings.index_root, collection, args.version)
-        version = IndexVersion.load(path, encoder_sha256=encoder.info.onnx_sha256, dimension=encoder.dimension)
+        version = IndexVersion.load(path, expect=Expect.of_encoder(encoder, collection=collection))
     except store.IndexVersionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,6 +72,16 @@ def recall_table(store: levels.LevelStore, Q_rot: np.ndarray, *, k: int = 10, bo
     return RecallTable(np.asarray(feats, dtype=np.float64), names or [], rec, work, exact_work, z)
 
 
+def concat_tables(tables: list[RecallTable]) -> RecallTable:
+    """One table of the queries of several (the folds of cross-fitted rotations); same features and grid."""
+    first = tables[0]
+    if any(t.feature_names != first.feature_names or not np.array_equal(t.z_grid, first.z_grid) for t in tables):
+        raise ValueError("tables to concatenate must share features and the confidence grid")
+    return RecallTable(np.concatenate([t.features for t in tables]), first.feature_names,
+                       np.concatenate([t.recall for t in tables]), np.concatenate([t.coordinates for t in tables]),
+                       np.concatenate([t.exact_coordinates for t in tables]), first.z_grid)
+
+
 def _fit(X: np.ndarray, y: np.ndarray, names: list[str], seed: int) -> lgb.Booster:
     params = dict(LGB_PARAMS, seed=seed)
     return lgb.train(params, lgb.Dataset(X, y, feature_name=names, free_raw_data=False), NUM_ROUNDS)

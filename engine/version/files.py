@@ -21,9 +21,11 @@ import lightgbm as lgb
 import numpy as np
 
 from adawidth import stage1_policy
+from adawidth.levels import LevelStore
 from adawidth.prefix import prefix_normalize
 from adawidth.tiers import TIERS
-from engine.version.manifest import (CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, Manifest,
+from engine.version.manifest import (CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, LevelsSection,
+                                     Manifest, RecallPolicySection,
                                      RerankSection, Stage1Section, TierHeadSection)
 
 Files = dict[str, Callable[[Path], None]]
@@ -297,3 +299,74 @@ def read_tier_head(path: Path, m: Manifest) -> np.ndarray | None:
     if W.shape != (len(TIERS), m.dimension):
         raise IndexVersionError("schema", f"{head.file} is not a ({len(TIERS)}, D) head over {list(TIERS)}")
     return W
+
+
+# -- the level scan and the recall policy (schema 3) -------------------------------------------------------------
+
+RECALL_POLICY_FILE = "recall_policy.txt"
+RECALL_CALIBRATION_FILE = "recall_calibration.npy"
+
+
+def level_files(store: LevelStore) -> tuple[Files, LevelsSection]:
+    """Writers of a level store's arrays (one ``levels_<name>.npy`` each) and its section."""
+    arrays = store.arrays()
+    names = {name: f"levels_{name}.npy" for name in arrays}
+    section = LevelsSection(bounds=[int(b) for b in store.layout.bounds], fp16_levels=int(store.layout.fp16_levels),
+                            files=names, size_bytes=int(store.nbytes))
+    return {names[n]: _npy_writer(a) for n, a in arrays.items()}, section
+
+
+def read_levels(path: Path, m: Manifest) -> LevelStore | None:
+    """The version's level store with its arrays memory-mapped (never copied), or None without levels.
+
+    Raises:
+        IndexVersionError: ``schema`` when the arrays do not form a store of the manifest's N and D.
+    """
+    if m.levels is None:
+        return None
+    try:
+        store = LevelStore.from_arrays({n: np.load(path / f, mmap_mode="r") for n, f in m.levels.files.items()})
+    except ValueError as e:
+        raise IndexVersionError("schema", f"the level files do not form a level store: {e}") from e
+    if (store.N, store.D) != (m.corpus.documents, m.dimension):
+        raise IndexVersionError("schema", f"the level store holds ({store.N}, {store.D}), the manifest "
+                                          f"({m.corpus.documents}, {m.dimension})")
+    return store
+
+
+def recall_policy_files(booster: lgb.Booster, calibration_pred: np.ndarray, calibration_recall: np.ndarray,
+                        **section) -> tuple[Files, RecallPolicySection]:
+    """Writers of the recall policy's model and out-of-fold calibration, (Q, Z) float64 each, and its section."""
+    cal = np.stack([np.asarray(calibration_pred, np.float64), np.asarray(calibration_recall, np.float64)])
+    sec = RecallPolicySection(file=RECALL_POLICY_FILE, calibration_file=RECALL_CALIBRATION_FILE,
+                              calibration_queries=int(cal.shape[1]), **section)
+    return {RECALL_POLICY_FILE: lambda p: booster.save_model(str(p)), RECALL_CALIBRATION_FILE: _npy_writer(cal)}, sec
+
+
+@dataclass(frozen=True)
+class RecallPolicyFile:
+    """A loaded recall policy: the model, its section, the (Q, Z) calibration predictions and recalls."""
+
+    booster: lgb.Booster
+    section: RecallPolicySection
+    calibration_pred: np.ndarray
+    calibration_recall: np.ndarray
+
+
+def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
+    """The version's recall policy, or None when it was built without one.
+
+    Raises:
+        IndexVersionError: ``schema`` when the model's features or the calibration's shape disagree with the
+            section.
+    """
+    sec = m.recall_policy
+    if sec is None:
+        return None
+    booster = lgb.Booster(model_file=str(path / sec.file))
+    if booster.feature_name() != list(sec.feature_names) + ["z"]:
+        raise IndexVersionError("schema", f"{sec.file} feature names differ from the manifest's")
+    cal = np.load(path / sec.calibration_file)
+    if cal.ndim != 3 or cal.shape[0] != 2 or cal.shape[2] != len(sec.z_grid):
+        raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not (2, Q, {len(sec.z_grid)})")
+    return RecallPolicyFile(booster, sec, cal[0], cal[1])

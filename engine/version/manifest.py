@@ -16,6 +16,9 @@ section                   files                                  writer / reader
 ``cars``                  query_map.npy, doc_map.npy             ``cars_files`` / ``read_cars_query_map``
 ``rerank``                encoder_text.json                      ``rerank_files`` / ``read_rerank_texts``
 ``tiers.head``            difficulty_head.npy                    ``tier_head_files`` / ``read_tier_head``
+``levels``                levels_<array>.npy                     ``level_files`` / ``read_levels``
+``recall_policy``         recall_policy.txt,                     ``recall_policy_files`` / ``read_recall_policy``
+                          recall_calibration.npy
 ``lexical``               bm25_*.npy / .json, doc_text.json,     :mod:`engine.version.lexical`
                           doc_fields.json
 ``capacity``              capacity.json / .md / _*.png           ``trainer.capacity_report.file_writers``
@@ -32,6 +35,9 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
   ``lexical.fields_file``: every file of a version is named by a section, and :func:`verify` checks that
   every file a section names is covered by the checksums; and the ``policy`` section (the default policy of
   ``width: "auto"``).  A schema-1 manifest reads with the fixed names and no ``policy``.
+* 3 -- adds ``levels`` (the level-major corpus of the certified level scan) and ``recall_policy`` (policy
+  ``recall``, a declared recall@k); the default policy of a version that has both is ``recall``.  Versions of
+  schema 1 and 2 have neither and serve their old policies (``width: "full"`` by the exhaustive scan).
 """
 
 from __future__ import annotations
@@ -48,9 +54,9 @@ from adawidth.router import FEATURE_NAMES
 from adawidth.tiers import TIERS
 from engine.io.checksum import sha256_file
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this build writes."""
-READABLE_SCHEMAS = (1, 2)
+READABLE_SCHEMAS = (1, 2, 3)
 """The schemas this build reads."""
 MANIFEST = "manifest.json"
 
@@ -201,6 +207,30 @@ class TiersSection(_Section):
     head: TierHeadSection | None = None
 
 
+class LevelsSection(_Section):
+    """The level-major copy of the rotated corpus the level scan reads (:class:`adawidth.levels.LevelStore`)."""
+
+    bounds: list[int] = Field(description="Level boundaries in coordinates, 0 .. D.")
+    fp16_levels: int = Field(ge=0, description="Leading levels also stored in float16.")
+    files: dict[str, str] = Field(description="Array name of LevelStore.arrays() -> file name (.npy).")
+    size_bytes: int = Field(ge=0, description="Bytes of the level store.")
+
+
+class RecallPolicySection(_Section):
+    """Policy ``recall``: the LightGBM model of recall@k per confidence and its out-of-fold calibration."""
+
+    file: str = Field(description="LightGBM text model over feature_names + ['z'].")
+    calibration_file: str = Field(description="(2, Q, Z) float64: out-of-fold predictions, realised recall@k.")
+    feature_names: list[str]
+    z_grid: list[float]
+    bound: str = Field(description="The level scan's probabilistic bound (data_aware or data_aware_doc).")
+    k: int = 10
+    margin_share: float = 0.25
+    calibration_source: str = Field(description="What the calibration queries were: 'train' (the training "
+                                                "split's queries) or 'pseudo:<kind>' (drawn from the corpus).")
+    calibration_queries: int = 0
+
+
 class PolicySection(_Section):
     """The policy ``width: "auto"`` uses on this version by default (``router``, ``funnel``, ``recall``, ...;
     None: the funnel policy when the version has one, else the width router)."""
@@ -233,6 +263,8 @@ class Manifest(BaseModel):
     rerank: RerankSection | None = None
     tiers: TiersSection | None = None
     policy: PolicySection | None = None
+    levels: LevelsSection | None = None
+    recall_policy: RecallPolicySection | None = None
     evaluation: dict | None = None
     capacity: dict | None = None
     build_seconds: dict | None = None
@@ -259,6 +291,12 @@ class Manifest(BaseModel):
             yield "rerank", self.rerank.text_file
         if self.tiers is not None and self.tiers.head is not None:
             yield "tiers", self.tiers.head.file
+        if self.levels is not None:
+            for name in self.levels.files.values():
+                yield "levels", name
+        if self.recall_policy is not None:
+            yield "recall_policy", self.recall_policy.file
+            yield "recall_policy", self.recall_policy.calibration_file
 
     def to_json(self) -> str:
         """The manifest as written: JSON, keys sorted, indented by 2."""

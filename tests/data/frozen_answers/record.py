@@ -1,6 +1,7 @@
 """Record every SciFact test query's answer over HTTP, per policy, before the query-path refactor (issue 16).
 
-Run once at commit 598f6d9 (before the refactor) on the PCA build below; the file it writes,
+Run once at commit c968252 (before the refactor; re-recorded there after `make embeddings` seeded the cache from
+the shipped SciFact embeddings, as CI does) on the PCA build below; the file it writes,
 ``pca_scifact.json.gz``, is frozen.  ``tests/integration/test_frozen_answers.py`` rebuilds the same version
 with today's trainer, sends the same requests (mapped onto today's request fields) and asserts identical ids
 and scores within 1e-6.
