@@ -13,7 +13,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from engine.io import atomic
+from engine.pipeline import Pipeline, Result
+from engine.plan import SearchSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository root (``bench/..``)."""
@@ -54,3 +58,22 @@ def write_results(stem: Path | str, payload, markdown: str | None = None, *, ind
     if markdown is not None:
         atomic.write_text(stem.with_name(stem.name + ".md"), markdown if markdown.endswith("\n") else markdown + "\n")
     return path
+
+
+_PIPELINE = Pipeline()
+
+
+def search_one(version, embedding, k: int, width, *, policy: str | None = None) -> Result:
+    """One query through the served pipeline (:class:`engine.pipeline.Pipeline`) on a precomputed embedding.
+
+    Args:
+        version: a loaded or in-memory :class:`engine.index.IndexVersion`.
+        embedding: the encoder's (D,) float32 unit-norm query embedding.
+        k: results; width: ``"full"``, ``"auto"`` or an int prefix width.
+        policy: the ``auto`` policy (``router``, ``recall``, ``funnel``); None: the version's default.
+
+    Returns:
+        The :class:`engine.stages.render.Result` (ids, scores, trace with widths, work and timings).
+    """
+    spec = SearchSpec(query="benchmark", k=k, width=width, policy=policy if width == "auto" else None)
+    return _PIPELINE.search(version, [spec], embeddings=np.asarray(embedding, np.float32)[None, :])[0]

@@ -3,7 +3,7 @@
 For each collection an index version is built by the real trainer (PCA rotation, no adapter or router, so
 the classic collections without a training split are treated alike), loaded with
 :class:`engine.index.IndexVersion`, and every judged test query is answered by
-:func:`service.retrieval.retrieve` — the function the gateway calls — in each lane:
+:class:`engine.pipeline.Pipeline` — what the gateway runs — in each lane:
 
 * dense at ``width: "full"`` (the frozen encoder, exact) and at width 128 (stage 1 at 64, rescoring);
 * lexical (bm25s, k1 = 0.9, b = 0.4, the reference figures' parameters and analyzer family);
@@ -37,7 +37,8 @@ from engine.encoder import OnnxEncoder
 from engine.index import IndexVersion
 from engine.io import atomic
 from engine.io.beir import load_collection
-from service.retrieval import RetrievalOptions, retrieve
+from engine.pipeline import Pipeline
+from engine.plan import PlanDefaults, SearchSpec
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 from trainer.embed_cache import EmbeddingCache, encode_with_cache
@@ -81,13 +82,15 @@ def run_collection(name: str, folder: Path, encoder, home: Path, cache_path: Pat
     graded = any(g > 1 for j in col.qrels.values() for g in j.values())
     rows = {}
     for lane, cfg in LANES.items():
-        opts = RetrievalOptions(mode=cfg["mode"], fusion=cfg.get("fusion", "rrf"), alpha=0.5, depth=100)
+        pipe, defaults = Pipeline(), PlanDefaults(hybrid_alpha=0.5, hybrid_depth=100)
         ranked, secs = [], []
         for q in qids:
             s = time.perf_counter()
-            got, _ = retrieve(version, texts[q], 100, cfg["width"], emb_of.__getitem__, opts)
+            spec = SearchSpec(query=texts[q], k=100, width=cfg["width"], mode=cfg["mode"],
+                              fusion=cfg.get("fusion", "rrf"))
+            got = pipe.search(version, [spec], embeddings=emb_of[texts[q]][None, :], defaults=defaults)[0]
             secs.append(time.perf_counter() - s)
-            ranked.append(got.outcome.ids)
+            ranked.append(got.ids)
         judged = [col.qrels[q] for q in qids]
         nd, rc = ranking_metric(ranked, judged, "ndcg", 10), ranking_metric(ranked, judged, "recall", 100)
         nd_exp = ranking_metric(ranked, [{d: 2 ** g - 1 for d, g in j.items()} for j in judged], "ndcg", 10)
@@ -106,7 +109,7 @@ def to_markdown(results: list[dict], command: str) -> str:
     lanes = list(LANES)
     out = ["# Dense, lexical and hybrid lanes through the served code path", "",
            f"Command: `{command}`", "",
-           "Every figure comes from `service.retrieval.retrieve` (what `POST /v1/search` runs) on an index version "
+           "Every figure comes from `engine.pipeline.Pipeline` (what `POST /v1/search` runs) on an index version "
            "built by the trainer (PCA rotation, no adapter/router). Judged test queries; NDCG@10 uses the label as "
            "gain (trec_eval's `ndcg_cut`). Ratios are against `dense full` (the frozen encoder, exact).", "",
            "## NDCG@10", "",

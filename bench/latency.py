@@ -9,7 +9,7 @@ Policies (k = 10):
 * ``static funnel``: stage 1 on the normalised 64-prefix, shortlist of 500 rescored at 384 (reusing the
   stage-1 partial sums) — what Qdrant / Vespa / Milvus users build with Matryoshka prefixes;
 * ``auto``: the served policy (stage 1 at 64, LightGBM router on the stage-1 scores, shortlist rescored at
-  64 or 128; :func:`adawidth.funnel.resolve` through :meth:`engine.index.IndexVersion.search`).
+  64 or 128; :func:`adawidth.funnel.resolve` through the served pipeline, :func:`bench.common.search_one`).
 
 The funnel and ``auto`` run with stage 1 flat (``IndexFlatIP`` over the 64-prefixes, as built) and with an
 approximate stage 1 (``IndexIVFFlat`` over the same 64-prefixes, ``nlist = 2 sqrt(N)`` rounded to a power of
@@ -58,7 +58,7 @@ from adawidth.metrics import ranking_metric  # noqa: E402
 from adawidth_client import NO_RETRY, ApiError, AsyncClient, Client  # noqa: E402
 from adawidth.prefix import prefix_normalize  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
-from bench.common import ROOT, command, write_results  # noqa: E402
+from bench.common import ROOT, command, search_one, write_results  # noqa: E402
 from bench.demo import free_port, start_gateway, wait_ready  # noqa: E402
 from engine.encoder import OnnxEncoder  # noqa: E402
 from engine.index import IndexVersion  # noqa: E402
@@ -155,21 +155,21 @@ def run_baseline(c: Corpus, n_queries: int):
 
 
 def run_policy(c: Corpus, version, width, n_queries: int, ivf: bool):
-    """One policy through IndexVersion.search: per query (ids, work, width, escalated), latencies, stage-1 seconds."""
+    """One policy through the served pipeline (``width: "auto"`` is the router): per query (ids, work, width, escalated), latencies, stage-1 seconds."""
     out, lat, s1 = [], [], []
     for i in range(n_queries):
         if ivf:
             faiss.cvar.indexIVF_stats.reset()
         t = time.perf_counter()
-        res = version.search(c.q_embed[i], K, width)
+        res = search_one(version, c.q_embed[i], K, width, policy="router")
         lat.append(time.perf_counter() - t)
-        s1.append(res.timings_seconds["stage1"])
-        rescoring = res.coordinates_scored - c.N * version.m0  # resolve() charges a flat stage 1 by default
+        s1.append(res.trace["timings_seconds"]["stage1"])
+        rescoring = res.trace["coordinates_scored"] - c.N * version.m0  # resolve() charges a flat stage 1 by default
         if ivf:
             stage1 = c.nlist * version.m0 + int(faiss.cvar.indexIVF_stats.ndis) * version.m0
         else:
             stage1 = c.N * version.m0
-        out.append((res.ids, stage1 + rescoring, res.width, res.escalated))
+        out.append((res.ids, stage1 + rescoring, res.trace["width"], res.trace["escalated"]))
     return out, lat, s1
 
 
@@ -232,7 +232,7 @@ def bench_corpus(c: Corpus, qids: list[str], n_queries: int, sat_seconds: float,
                    "stage1_p50_ms": pct(s1, 50),
                    "scan_gbs": (c.N * version.m0 * 4 / np.median(s1) / 1e9) if not is_ivf else None,
                    **quality(c, ids, exact_ids, qids)}
-            row["qps_saturation"] = saturation_qps(lambda i, v=version, w=width: v.search(c.q_embed[i], K, w),
+            row["qps_saturation"] = saturation_qps(lambda i, v=version, w=width: search_one(v, c.q_embed[i], K, w, policy="router"),
                                                    n_queries, sat_seconds, threads)
             results.append(row)
             log(f"  {c.name}: {label} / {stage1}: p50 {row['p50_ms']:.2f} ms, work {row['coordinates_per_query']:,.0f}")
@@ -506,7 +506,7 @@ def main(argv=None) -> int:
             "Coordinates per query count stage 1 plus rescoring, the cost model of adawidth.funnel.resolve; the "
             "rotation of the query (R[:h] q, 384 × h multiply-adds: 49k for auto at h = 128, 147k for the funnel at "
             "384) is not counted in any row; the full-width baseline needs none.",
-            "In-process latency is IndexVersion.search on a precomputed embedding (rotation, stage 1, router, "
+            "In-process latency is the served pipeline (bench.common.search_one) on a precomputed embedding (rotation, stage 1, router, "
             "rescoring); the baseline is one faiss IndexFlatIP.search at 384 on the rotated query (the rotation is "
             "orthogonal, so its ranking is the frozen encoder's).",
             "Synthetic corpora: documents drawn from N(mu, Sigma) fitted to SciFact's document embeddings and "

@@ -1,7 +1,7 @@
 """Latency and throughput of the Milvus stage-1 backend against faiss (issue 10).
 
 For each corpus the same index version is served twice through
-:meth:`engine.index.IndexVersion.search` (rotation, stage 1, routing /
+:func:`bench.common.search_one` (the served pipeline: rotation, stage 1, routing /
 rescoring; the encoder is left out, it is the same for both): once with faiss in
 process (the default), once with Milvus (FLAT, metric IP; Milvus Lite in process
 and, with ``--server``, a Milvus Lite server process reached over gRPC like a
@@ -42,7 +42,7 @@ import numpy as np
 
 from adawidth.prefix import prefix_normalize
 from adawidth.synthetic import fit_gaussian, sample_corpus
-from bench.common import ROOT, command
+from bench.common import ROOT, command, search_one
 from engine.encoder import OnnxEncoder
 from engine.index import IndexVersion
 from engine.io import atomic
@@ -121,15 +121,15 @@ def synthetic_version(root: Path, n: int, X_fit: np.ndarray, R: np.ndarray, m0: 
 def time_backend(version, Q: np.ndarray, width, threads: int, rounds: int = 1) -> dict:
     """Latency percentiles of one client and throughput of ``threads`` clients over the queries ``Q``."""
     for q in Q[:5]:
-        version.search(q, 10, width)  # warm
+        search_one(version, q, 10, width, policy="router")  # warm
     lat, stage1 = [], []
     ids = []
     for _ in range(rounds):
         for q in Q:
             t = time.perf_counter()
-            out = version.search(q, 10, width)
+            out = search_one(version, q, 10, width, policy="router")
             lat.append(time.perf_counter() - t)
-            stage1.append(out.timings_seconds.get("stage1", 0.0))
+            stage1.append(out.trace["timings_seconds"].get("stage1", 0.0))
             ids.append(out.ids)
     lat_ms = np.array(lat) * 1e3
     idx = iter(range(len(Q) * rounds))
@@ -141,7 +141,7 @@ def time_backend(version, Q: np.ndarray, width, threads: int, rounds: int = 1) -
                 i = next(idx, None)
             if i is None:
                 return
-            version.search(Q[i % len(Q)], 10, width)
+            search_one(version, Q[i % len(Q)], 10, width, policy="router")
 
     t = time.perf_counter()
     ts = [threading.Thread(target=worker) for _ in range(threads)]
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     report = {"command": command("stage1_backends", env="OMP_NUM_THREADS=1"), "threads": args.threads,
               "machine": f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
                          f"load average {os.getloadavg()[0]:.1f} at the end (a shared machine)",
-              "note": "Latency is IndexVersion.search without the encoder: rotation, stage 1, routing and rescoring "
+              "note": "Latency is the served pipeline without the encoder: rotation, stage 1, routing and rescoring "
                       "of the shortlist (500) at the policy's width; faiss with one OpenMP thread. Milvus: FLAT index, "
                       "metric IP on the normalised 64-prefixes; the shortlist comes back with its 384-d rescoring "
                       "vectors in the same search.",

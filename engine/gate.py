@@ -14,7 +14,7 @@ Without labels (``split`` null: every query of ``queries.jsonl``, up to
 mean top-10 overlap ``|top10_c ∩ top10_live| / 10`` is below ``1 - overlap_margin``
 or the top-1 agreement rate is below ``1 - top1_margin`` (live agrees with
 itself at 1.0, so the margins are how much worse than live is tolerated).
-Both versions answer through :meth:`engine.index.IndexVersion.search` at the
+Both versions answer through :class:`engine.pipeline.Pipeline` at the
 configured width policy, on the same query embeddings.
 """
 
@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adawidth.metrics import per_query
 from engine.io.beir import load_qrels, load_queries
+from engine.pipeline import Pipeline
+from engine.plan import PlanError, SearchSpec
 
 GATE_FILE = "gate.json"
 
@@ -100,11 +102,15 @@ def evaluate_gate(cfg: GateConfig, live, candidate, embeddings: np.ndarray, held
         return {"passed": False, "reason": "quality_gate: no held-out queries", "queries": 0}
     width = cfg.width
     runs = {}
+    pipe = Pipeline()
     for name, v in (("live", live), ("candidate", candidate)):
-        if width == "auto" and v.default_pair not in v.routers:
-            return {"passed": False, "reason": f"quality_gate: {name} version {v.version} has no router for width "
-                                               f"'auto'", "queries": len(held.ids)}
-        runs[name] = {q: v.search(e, 10, width).ids for q, e in zip(held.ids, embeddings)}
+        try:
+            results = pipe.search(v, [SearchSpec(query=t, k=10, width=width) for t in held.texts],
+                                  embeddings=embeddings)
+        except PlanError as e:
+            return {"passed": False, "reason": f"quality_gate: {name} version {v.version} cannot serve width "
+                                               f"{width!r} ({e.code}: {e})", "queries": len(held.ids)}
+        runs[name] = {q: r.ids for q, r in zip(held.ids, results)}
     overlap = float(np.mean([len(set(runs["live"][q]) & set(runs["candidate"][q])) / 10 for q in held.ids]))
     top1 = float(np.mean([runs["live"][q][:1] == runs["candidate"][q][:1] for q in held.ids]))
     report = {"queries": len(held.ids), "width": width, "top10_overlap": round(overlap, 6),

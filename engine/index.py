@@ -1,31 +1,27 @@
-"""A loaded, verified, immutable index version and its query path.
+"""A loaded, verified, immutable index version: what the query pipeline reads.
 
 :meth:`IndexVersion.load` verifies the version (:func:`engine.version.manifest.verify`: checksums, encoder,
 max tokens, dimension, router features, collection) before reading anything else, then reads each file
-through the format's readers (:mod:`engine.version.files`, :mod:`engine.version.lexical`); documents are
-memory-mapped.  :meth:`IndexVersion.search` runs one rotated query through stage 1 (a
-:class:`engine.stage1.Stage1Backend`: faiss in process by default, or Milvus) and
-:func:`adawidth.funnel.resolve`, which routes and rescores the shortlist here whatever the backend.
+through the format's readers (:mod:`engine.version.files`, :mod:`engine.version.lexical`); documents and
+levels are memory-mapped.  Queries run through :class:`engine.pipeline.Pipeline`, whose stages read the
+version's stage-1 backend (:class:`engine.stage1.Stage1Backend`: faiss in process by default, or Milvus),
+routers, funnel policy, level store and recall policy.  :meth:`IndexVersion.in_memory` holds a version that
+was never written (the trainer's evaluation, the benchmarks).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from adawidth import stage1_policy
 from adawidth.blocked import BlockedCorpus
-from adawidth.funnel import Resolution, resolve
-from adawidth.prefix import prefix_normalize
 from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
 from engine.recall import RecallPolicy
-from engine.stage1 import ExactStage1, FaissStage1, Shortlist
+from engine.stage1 import ExactStage1, FaissStage1
 from engine.version import files
 from engine.version.manifest import (SCHEMA_VERSION, CorpusSection, EncoderSection, Expect, Manifest, RouterSection,
                                      verify)
@@ -70,25 +66,6 @@ class FunnelPolicy:
         """Predicted agreement of each (K, 26) design row, (K,) float64 (thread-safe)."""
         with self.lock:
             return self.booster.predict(rows)
-
-
-@dataclass
-class SearchOutcome:
-    """Rows, scores and trace fields of one served query."""
-
-    ids: list[str]
-    scores: list[float]
-    width: int
-    escalated: bool
-    router_score: float | None
-    coordinates_scored: int
-    timings_seconds: dict[str, float]
-    stage1_work: int = 0
-    rescoring_work: int = 0
-    policy: str = "fixed"
-    stage1_width: int | None = None
-    shortlist: int | None = None
-    rows: list[int] = field(default_factory=list)
 
 
 class IndexVersion:
@@ -230,106 +207,4 @@ class IndexVersion:
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""
         return (self.rotation[:width] @ embedding).astype(np.float32)
-
-    def search(self, embedding: np.ndarray, k: int, width: int | str, *, rho: float | None = None,
-               pair: tuple[int, int] | None = None, allowed: np.ndarray | None = None) -> SearchOutcome:
-        """Serve one encoded query.
-
-        Args:
-            embedding: the encoder's unit-norm query embedding, (D,) float32.
-            k: results wanted (the shortlist grows to k when k exceeds it).
-            width: "auto" (routed), "full" (exact search at D over the whole
-                corpus: the frozen encoder's ranking), or an int in [1, D]
-                (stage 1 at m0, shortlist rescored at that width).
-            rho: target escalation fraction for "auto" (default: the version's).
-            pair: action pair for "auto" (default: the version's).
-            allowed: (N,) bool of the documents that may be returned (filters, access policy, phrase
-                constraints), or None for all.  Applied *before* the top-k: stage 1 searches only the
-                allowed documents (a faiss ID selector), so k results come back whenever at least k
-                documents are allowed.
-
-        Returns:
-            :class:`SearchOutcome` with ids best first (at most min(k, N, allowed documents)).
-
-        Raises:
-            ValueError: for a width outside [1, D], or "auto" on a version without a router.
-        """
-        t = {}
-        t0 = time.perf_counter()
-        if width == "full":
-            q = self.rotate(embedding, self.dimension)
-            t["rotate"] = time.perf_counter() - t0
-            s = time.perf_counter()
-            rows, top = self.stage1.full(q, k, allowed)
-            t["stage1"] = time.perf_counter() - s
-            res = Resolution(rows, top, self.dimension, False, None, self.size * self.dimension,
-                             stage1_work=self.size * self.dimension)
-            extra = {"policy": "full", "stage1_width": self.dimension, "shortlist": self.size}
-        elif width == "auto" and self.funnel_policy is not None and rho is None and pair is None and allowed is None:
-            # (with an allowed set, 'auto' uses the width router below: the blocked scan takes no selector yet)
-            fp = self.funnel_policy
-            q = self.rotate(embedding, self.dimension)
-            t["rotate"] = time.perf_counter() - t0
-            s = time.perf_counter()
-            res, cfg = stage1_policy.resolve_adaptive(fp.corpus, q, fp.predict, fp.grid, fp.tau, k, self.theta,
-                                                        work=fp.work)
-            t["stage1"] = time.perf_counter() - s  # evidence, choice, scan and rescoring are interleaved here
-            extra = {"policy": "funnel", "stage1_width": cfg.m1, "shortlist": min(max(cfg.shortlist, k), self.size)}
-        else:
-            if width == "auto":
-                pair = pair or self.default_pair
-                if pair is None or pair not in self.routers:
-                    raise ValueError(f"this version has no router for action pair {pair}")
-                router = self.routers[pair]
-                needed = pair[1]
-            else:
-                if not 1 <= int(width) <= self.dimension:
-                    raise ValueError(f"width {width} outside [1, {self.dimension}]")
-                router, needed = None, int(width)
-            q = self.rotate(embedding, max(needed, self.m0))
-            t["rotate"] = time.perf_counter() - t0
-            s = time.perf_counter()
-            size = min(max(self.shortlist, k), self.size if allowed is None else int(allowed.sum()))
-            qp = prefix_normalize(q[None, :], self.m0)[0]
-            if size == 0:
-                sl = Shortlist(np.empty(0, np.int64), np.empty(0, np.float32), self.docs, self.doc_sqnorm_m0)
-            else:
-                sl = self.stage1.shortlist(qp, size, allowed)
-            t["stage1"] = time.perf_counter() - s
-            s = time.perf_counter()
-            work = self.size * self.m0  # a flat scan, wherever it runs
-            if router is not None:
-                res = resolve(q, sl.docs, sl.doc_sqnorm_m0, sl.rows, sl.cosines, m0=self.m0, k=k, width=None,
-                              action_pair=pair, predict_gain=router.predict, stage1_work=work,
-                              threshold=router.threshold(self.default_rho if rho is None else rho), theta=self.theta)
-            else:
-                res = resolve(q, sl.docs, sl.doc_sqnorm_m0, sl.rows, sl.cosines, m0=self.m0, k=k, width=int(width),
-                              stage1_work=work)
-            res = dataclasses.replace(res, rows=sl.to_index_rows(res.rows))  # shortlist positions -> index rows
-            t["route_and_rescore"] = time.perf_counter() - s
-            extra = {"policy": "router" if router is not None else "fixed", "stage1_width": self.m0,
-                     "shortlist": len(sl.rows)}
-        return SearchOutcome([self.doc_ids[r] for r in res.rows], [float(x) for x in res.scores], res.width,
-                             res.escalated, res.router_score, res.coordinates_scored, t,
-                             stage1_work=res.stage1_work, rescoring_work=res.rescoring_work,
-                             rows=[int(r) for r in res.rows], **extra)
-
-    def dense_scores(self, embedding: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
-        """Dense scores of given rows at ``width``, as the served path scores them.
-
-        Args:
-            embedding: unit-norm query embedding, (D,).
-            rows: (n,) int index rows.
-            width: coordinates; D gives the full-width inner product (``width: "full"``), a smaller
-                width the prefix cosine (the rescoring score of :func:`adawidth.funnel.resolve`).
-
-        Returns:
-            (n,) float64, higher is better.
-        """
-        q = self.rotate(embedding, width).astype(np.float64)
-        d = np.asarray(self.docs[np.asarray(rows, dtype=np.int64), :width], dtype=np.float64)
-        if width >= self.dimension:
-            return d @ q
-        norms = np.linalg.norm(d, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
-        return (d @ q) / np.maximum(norms, 1e-12)
 

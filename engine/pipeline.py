@@ -79,7 +79,7 @@ class Pipeline:
         self.rerankers = dict(rerankers or {})
 
     def search(self, version, specs: Sequence[SearchSpec], *, embeddings: np.ndarray | None = None,
-               defaults: PlanDefaults | None = None) -> list[Result]:
+               defaults: PlanDefaults | None = None, allowed: np.ndarray | None = None) -> list[Result]:
         """Resolve and run requests offline (the trainer's evaluation, benchmarks, canaries).
 
         Args:
@@ -87,16 +87,17 @@ class Pipeline:
             specs: one :class:`engine.plan.SearchSpec` per query.
             embeddings: (Q, D) float32 query embeddings (None: encode ``specs[i].query``).
             defaults: plan defaults (None: :class:`engine.plan.PlanDefaults` ()).
+            allowed: (N,) bool, an in-process caller's own restriction (see :meth:`run`).
 
         Raises:
             engine.plan.PlanError: a spec the version cannot serve.
         """
         caps = capabilities(version, self.rerankers)
         plans = [resolve_plan(s, defaults or PlanDefaults(), caps) for s in specs]
-        return self.run(plans, version, embeddings=embeddings)
+        return self.run(plans, version, embeddings=embeddings, allowed=allowed)
 
     def run(self, plans: Sequence[Plan], version, *, embeddings: np.ndarray | None = None,
-            check: Callable[[], None] | None = None) -> list[Result]:
+            check: Callable[[], None] | None = None, allowed: np.ndarray | None = None) -> list[Result]:
         """Run every plan against ``version``; results in the order of ``plans``.
 
         Args:
@@ -104,6 +105,8 @@ class Pipeline:
             version: the index version (one reference held for the whole call).
             embeddings: (Q, D) float32 unit-norm query embeddings to use instead of encoding (offline).
             check: called between stages (the gateway's deadline check; it raises to stop).
+            allowed: (N,) bool of the documents an in-process caller allows (ANDed with each plan's filters,
+                access policy and phrases, before any top-k), or None.
 
         Returns:
             One :class:`engine.stages.render.Result` per plan.  Encoding is one call for all plans; its
@@ -127,10 +130,15 @@ class Pipeline:
             E[idx] = got
             t_encode = time.perf_counter() - s
             check()
-        return [self._one(p, version, E[i] if E is not None and dense[i] else None, t_encode, check)
+        if allowed is not None:
+            allowed = np.asarray(allowed, dtype=bool)
+            if allowed.shape != (version.size,):
+                raise ValueError(f"allowed must be ({version.size},) bool, got shape {allowed.shape}")
+        return [self._one(p, version, E[i] if E is not None and dense[i] else None, t_encode, check, allowed)
                 for i, p in enumerate(plans)]
 
-    def _one(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check) -> Result:
+    def _one(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check,
+             extra: np.ndarray | None) -> Result:
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         if embedding is not None and self.encoder is not None:
@@ -143,6 +151,8 @@ class Pipeline:
             return out
 
         allowed = timed("stage1", allowed_mask, plan, version)
+        if extra is not None:
+            allowed = extra if allowed is None else allowed & extra
         c = None
         if plan.dense:
             q = timed("rotate", rotate, plan, version, embedding)

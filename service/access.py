@@ -6,7 +6,7 @@
 * ``api_key``: the search key (``Authorization: Bearer`` or ``X-API-Key``) is looked up by its sha256
   hex digest in ``principals``; an unknown key is 401, no key 401.
 
-The policy is enforced in :mod:`service.retrieval` before any lane ranks anything
+The policy is enforced in the plan and the stage-1 stage (:mod:`engine.stages.stage1`) before any lane ranks anything
 (:func:`adawidth.hybrid.access_mask`: tenant must match, ACL must share a group, fail closed).
 """
 

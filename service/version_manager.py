@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.index import IndexVersion
+from engine.pipeline import Pipeline, capabilities
+from engine.plan import SearchSpec
 from engine.stage1 import Stage1Unavailable
 from engine.version.manifest import Expect, IndexVersionError
 
@@ -186,21 +188,25 @@ class VersionManager:
             raise VersionRefused("load_error", f"{type(e).__name__}: {e}") from e
 
     def _canary(self, v: IndexVersion) -> None:
-        """Run every canary query through encode + search at each width policy the version serves."""
-        widths: list = ["full", v.m0] + (["auto"] if v.default_pair in v.routers else [])
+        """Run every canary query through the pipeline at each width the version serves: ``full``, ``m0`` and
+        ``auto`` (its default policy) when it has one."""
+        caps = capabilities(v)
+        widths: list = ["full", v.m0] + (["auto"] if caps.default_policy is not None else [])
         k = min(10, v.size)
+        pipe = Pipeline()
         for text in self.canary_queries:
-            emb = self.encoder.encode([text])[0]
+            emb = self.encoder.encode([text])
             for width in widths:
                 try:
-                    out = v.search(emb, 10, width)
+                    out = pipe.search(v, [SearchSpec(query=text, k=10, width=width)], embeddings=emb)[0]
                 except Exception as e:
                     raise VersionRefused("canary_failed", f"canary {text!r} width {width}: {e}") from e
-                ok = (len(out.ids) == k and all(math.isfinite(s) for s in out.scores)
-                      and all(a >= b - 1e-6 for a, b in zip(out.scores, out.scores[1:])))
+                scores = [float(s) for s in out.scores]
+                ok = (len(out.ids) == k and all(math.isfinite(s) for s in scores)
+                      and all(a >= b - 1e-6 for a, b in zip(scores, scores[1:])))
                 if not ok:
                     raise VersionRefused("canary_failed", f"canary {text!r} width {width} returned {len(out.ids)} "
-                                                          f"results, scores {out.scores[:3]}...")
+                                                          f"results, scores {scores[:3]}...")
 
     def switch(self, version: str, action: str = "promote") -> bool:
         """Make a loaded version live (one pointer assignment under the lock).

@@ -19,7 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+import numpy as np
+
 from engine.encoder import OnnxEncoder
+from engine.pipeline import Pipeline, Result
+from engine.plan import SearchSpec
 from engine.version import store
 from service.app import create_app
 from service.config import GatewaySettings
@@ -32,6 +36,14 @@ from adawidth_client import Client, NotReadyError, ServerExited
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT / "data" / "scifact"
 VAR = ROOT / "var"
+
+
+def served(version, embedding, k: int, width, *, policy: str | None = None, allowed=None) -> Result:
+    """One query through the served pipeline on a (D,) float32 embedding; ``width="auto"`` is the width router
+    unless ``policy`` names another; ``allowed``: (N,) bool restriction or None."""
+    spec = SearchSpec(query="test", k=k, width=width, policy=(policy or "router") if width == "auto" else None)
+    return Pipeline().search(version, [spec], embeddings=np.asarray(embedding, np.float32)[None, :],
+                             allowed=allowed)[0]
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ import redis
 
 from adawidth_client import Client, NotReadyError, ServerExited
 from engine.index import IndexVersion
+from engine.pipeline import Pipeline
+from engine.plan import SearchSpec
 from tests.conftest import ROOT, free_port
 
 ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
@@ -260,8 +262,10 @@ class LoadGenerator:
 def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dict[str, Path], encoder) -> int:
     """Assert every answer equals what its version returns offline for that query; returns the pairs checked.
 
-    The offline answer is ``IndexVersion.load(dir).search(encoder.encode([query])[0], 10, width)``.
+    The offline answer is :meth:`engine.pipeline.Pipeline.search` of ``IndexVersion.load(dir)`` with the same
+    request fields, the query embedded by ``encoder``.
     """
+    pipe = Pipeline()
     loaded = {v: IndexVersion.load(p) for v, p in version_dirs.items()}
     emb = {}
     expected = {}
@@ -269,9 +273,10 @@ def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dic
         key = (o.query, o.width, o.version)
         if key not in expected:
             if o.query not in emb:
-                emb[o.query] = encoder.encode([queries[o.query]])[0]
-            out = loaded[o.version].search(emb[o.query], 10, o.width)
-            expected[key] = (out.ids, out.scores)
+                emb[o.query] = encoder.encode([queries[o.query]])
+            out = pipe.search(loaded[o.version], [SearchSpec(query=queries[o.query], k=10, width=o.width)],
+                              embeddings=emb[o.query])[0]
+            expected[key] = (out.ids, [float(s) for s in out.scores])
         ids, scores = expected[key]
         assert o.ids == ids, f"query {o.query} width {o.width} on {o.version}: served {o.ids[:3]}... != offline {ids[:3]}..."
         assert np.allclose(o.scores, scores, atol=1e-5), (o.query, o.width, o.version)

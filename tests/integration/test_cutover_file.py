@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from engine.encoder import OnnxEncoder
 from engine.io.beir import load_collection
+from engine.pipeline import Pipeline
+from engine.plan import SearchSpec
 from engine.registry.file import FileRegistry
 from engine.version import store
 from service.metrics import CutoverMetrics, GatewayMetrics
@@ -237,14 +239,15 @@ def test_a_version_held_by_a_request_is_unloaded_only_after_it_ends(tmp_path, sc
     v1, v2 = scifact_version.name, pca_version.name
     vm.ensure_loaded(v1)
     vm.switch(v1, "start")
-    emb = enc.encode(["statins and heart disease"])[0]
+    emb = enc.encode(["statins and heart disease"])
     with vm.acquire() as held:
         assert held.version == v1 and vm.refs(v1) == 1
         vm.ensure_loaded(v2)
         assert vm.switch(v2, "promote")
         vm.retain({v2})  # v1 is neither live, previous nor a candidate any more ...
         assert vm.loaded() == sorted([v1, v2])  # ... but this request still holds it
-        assert held.search(emb, 10, 64).ids  # and can finish on it
+        spec = SearchSpec(query="statins and heart disease", k=10, width=64)
+        assert Pipeline().search(held, [spec], embeddings=emb)[0].ids  # and can finish on it
         with vm.acquire() as newer:
             assert newer.version == v2
     assert vm.loaded() == [v2] and vm.refs(v1) == 0

@@ -3,7 +3,7 @@
 ``tests/data/frozen/schema1-v1`` (60 SciFact documents, PCA rotation, one router) was written by the
 schema-1 writer; if a change to the loader, the funnel or the artifact format breaks old versions,
 this test fails.  Regenerating the fixture is a format change and needs a schema version bump; this build
-writes schema 2 (``engine.version.manifest``) and must keep reading schema 1.
+writes schema 3 (``engine.version.manifest``) and must keep reading schema 1.
 """
 
 import json
@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from engine.index import IndexVersion
+from engine.pipeline import Pipeline
+from engine.plan import SearchSpec
 from engine.version.manifest import READABLE_SCHEMAS, Expect, verify
 
 pytestmark = pytest.mark.integration
@@ -30,4 +32,5 @@ def test_frozen_version_loads_and_answers_identically():
     for query, emb in zip(expected["queries"], embeddings):
         for width, ids in expected["expected"][query].items():
             w = int(width) if width.isdigit() else width
-            assert v.search(emb, 5, w).ids == ids, (query, width)
+            got = Pipeline().search(v, [SearchSpec(query=query, k=5, width=w)], embeddings=emb[None, :])[0]
+            assert got.ids == ids, (query, width)

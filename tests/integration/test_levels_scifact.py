@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from adawidth import levels as lv
-from adawidth.beir import load_collection
+from engine.io.beir import load_collection
 from adawidth.rotation import pca_rotation
 from tests.conftest import SCIFACT, VAR
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +28,6 @@ SHARED = Path(os.environ.get("ADAWIDTH_SHARED_DATA", ROOT.parent / "shared" / "d
 
 def embed(encoder, folder: Path) -> tuple[np.ndarray, np.ndarray]:
     """(documents (N, D), judged test queries (Q, D)), float32, PCA-rotated (fitted on the documents)."""
-    from trainer.embed_cache import EmbeddingCache, encode_with_cache
-
     col = load_collection(folder, "test")
     cache = EmbeddingCache(VAR / "cache" / "embeddings.sqlite", encoder.dimension)
     try:

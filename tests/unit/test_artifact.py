@@ -8,6 +8,7 @@ import pytest
 from engine.index import IndexVersion
 from engine.version import files, store
 from engine.version.manifest import READABLE_SCHEMAS, SCHEMA_VERSION, Expect, IndexVersionError, read_manifest, verify
+from tests.conftest import served
 
 N, D, M0 = 12, 8, 4
 
@@ -32,7 +33,7 @@ def test_write_verify_and_live_pointer(tmp_path):
     v = IndexVersion.load(path)
     np.testing.assert_array_equal(v.docs, X)
     np.testing.assert_allclose(v.doc_sqnorm_m0, (X[:, :M0] ** 2).sum(1), rtol=1e-6)
-    assert v.search(X[3], 3, "full").ids[0] == "d3"
+    assert served(v, X[3], 3, "full").ids[0] == "d3"
     store.write_live_pointer(tmp_path / "c", "v1")
     assert store.read_live_pointer(tmp_path / "c") == "v1"
     assert store.resolve_version_path(tmp_path, "c", None) == path

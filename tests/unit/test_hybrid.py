@@ -12,10 +12,11 @@ from pydantic import ValidationError
 from adawidth import hybrid
 from adawidth.prefix import prefix_normalize, top_k
 from engine.index import IndexVersion
+from engine.pipeline import Pipeline, capabilities
+from engine.plan import PlanDefaults, PlanError, SearchSpec, resolve_plan
 from engine.version.manifest import IndexVersionError, verify
 from service.config import GatewaySettings
 from service.errors import ApiError
-from service.retrieval import RetrievalOptions, retrieve
 from tests.hybrid_support import GROUPS, TENANTS, WORDS, synthetic_corpus, write_synthetic_version
 
 N, DIM = 240, 32
@@ -35,6 +36,19 @@ def old_version(tmp_path_factory) -> IndexVersion:
 def unit(seed: int) -> np.ndarray:
     v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
     return v / np.linalg.norm(v)
+
+
+
+
+def retrieve(version, query: str, k: int, width, embedding: np.ndarray, *, mode: str = "dense", filter=None,
+             fusion: str = "rrf", principal=None, depth: int = 100):
+    """One search as the gateway runs it: plan (its errors as the gateway's ApiError), then the pipeline."""
+    try:
+        plan = resolve_plan(SearchSpec(query=query, k=k, width=width, mode=mode, filter=filter, fusion=fusion),
+                            PlanDefaults(hybrid_depth=depth), capabilities(version), principal)
+    except PlanError as e:
+        raise ApiError(e.code, e.message, e.field) from None
+    return Pipeline().run([plan], version, embeddings=embedding[None, :])[0]
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -121,10 +135,10 @@ def test_no_result_crosses_tenants_and_k_results_come_back(version, principal, f
                                                            quote, seed):
     texts, fields = synthetic_corpus(N)
     query = " ".join(words[:-1] + [f'"{words[-1]}"' if quote else words[-1]])
-    opts = RetrievalOptions(mode=mode, filter=flt, fusion=fusion, principal=principal, depth=30)
-    got, _ = retrieve(version, query, k, width, lambda t: unit(seed), opts)
+    got = retrieve(version, query, k, width, unit(seed), mode=mode, filter=flt, fusion=fusion, principal=principal,
+                   depth=30)
     allowed = reference_allowed(fields, texts, principal, flt, [words[-1]] if quote else [])
-    rows = [int(i[1:]) for i in got.outcome.ids]
+    rows = [int(i[1:]) for i in got.ids]
     assert len(set(rows)) == len(rows)
     for r in rows:
         assert allowed[r], (r, fields[r])
@@ -144,7 +158,7 @@ def test_filtered_dense_equals_funnel_over_the_allowed_subset(version, width):
     allowed = np.array([f.get("topic") == "y" and f.get("year") in (2001, 2003) for f in fields])
     assert allowed.sum() > 20
     q = unit(7)
-    got, _ = retrieve(version, "beta", 15, width, lambda t: q, RetrievalOptions(filter={"topic": "y", "year": [2001, 2003]}))
+    got = retrieve(version, "beta", 15, width, q, filter={"topic": "y", "year": [2001, 2003]})
     X = np.asarray(version.docs)
     sub = np.flatnonzero(allowed)
     if width == "full":
@@ -154,39 +168,39 @@ def test_filtered_dense_equals_funnel_over_the_allowed_subset(version, width):
         short = sub[top_k(s1, max(version.shortlist, 15))]
         cos = (X[short, :width] @ q[:width]) / (np.linalg.norm(X[short, :width], axis=1) * np.linalg.norm(q[:width]))
         want = short[top_k(cos, 15)]
-    assert [int(i[1:]) for i in got.outcome.ids] == want.tolist()
+    assert [int(i[1:]) for i in got.ids] == want.tolist()
 
 
 def test_k_results_when_enough_pass_even_beyond_the_shortlist(version):
     """The shortlist is 20; a filter passing 80 documents still gives k = 60 results in every dense policy."""
     for width in (8, 32, "full"):
         for mode in ("dense", "hybrid"):
-            got, _ = retrieve(version, "alpha", 60, width, lambda t: unit(3), RetrievalOptions(mode=mode, filter={"topic": "x"}))
-            assert len(got.outcome.ids) == 60 and got.allowed_documents == 80
+            got = retrieve(version, "alpha", 60, width, unit(3), mode=mode, filter={"topic": "x"})
+            assert len(got.ids) == 60 and got.trace["allowed_documents"] == 80
 
 
 def test_lexical_ranks_by_bm25_and_phrase_is_exact(version):
-    got, _ = retrieve(version, '"err_ssl_5417"', 500, 16, lambda t: unit(0), RetrievalOptions(mode="lexical"))
+    got = retrieve(version, '"err_ssl_5417"', 500, 16, unit(0), mode="lexical")
     texts, _ = synthetic_corpus(N)
     want = {i for i, t in enumerate(texts) if "err_ssl_5417" in t.split()}
-    assert {int(i[1:]) for i in got.outcome.ids} == want
-    assert got.outcome.scores == sorted(got.outcome.scores, reverse=True) and min(got.outcome.scores) > 0
+    assert {int(i[1:]) for i in got.ids} == want
+    assert list(got.scores) == sorted(list(got.scores), reverse=True) and min(list(got.scores)) > 0
 
 
 def test_old_version_still_serves_dense_and_refuses_the_rest(old_version):
-    got, _ = retrieve(old_version, "alpha", 5, "full", lambda t: unit(1), RetrievalOptions())
-    assert len(got.outcome.ids) == 5
-    for opts, query in [(RetrievalOptions(mode="lexical"), "alpha"), (RetrievalOptions(mode="hybrid"), "alpha"),
-                        (RetrievalOptions(filter={"topic": "x"}), "alpha"), (RetrievalOptions(), '"alpha"'),
-                        (RetrievalOptions(principal=hybrid.Principal("acme")), "alpha")]:
+    got = retrieve(old_version, "alpha", 5, "full", unit(1))
+    assert len(got.ids) == 5
+    for opts, query in [(dict(mode="lexical"), "alpha"), (dict(mode="hybrid"), "alpha"),
+                        (dict(filter={"topic": "x"}), "alpha"), ({}, '"alpha"'),
+                        (dict(principal=hybrid.Principal("acme")), "alpha")]:
         with pytest.raises(ApiError) as e:
-            retrieve(old_version, query, 5, "full", lambda t: unit(1), opts)
+            retrieve(old_version, query, 5, "full", unit(1), **opts)
         assert e.value.code == "lexical_unavailable" and e.value.status == 409
 
 
 def test_unknown_filter_field_is_refused(version):
     with pytest.raises(ApiError) as e:
-        retrieve(version, "alpha", 5, 8, lambda t: unit(1), RetrievalOptions(filter={"colour": "red"}))
+        retrieve(version, "alpha", 5, 8, unit(1), filter={"colour": "red"})
     assert e.value.code == "unknown_filter_field" and e.value.status == 422
 
 

@@ -17,6 +17,7 @@ from engine.index import IndexVersion
 from engine.stage1 import Stage1Provider, Stage1Unavailable
 from engine.version.milvus import milvus_collection_name
 from service.online_cus import OnlineCusMonitor, _Sample
+from tests.conftest import served
 from tests.hybrid_support import write_synthetic_version
 from trainer.milvus_stage1 import write_version
 
@@ -53,13 +54,13 @@ def test_milvus_backend_equals_faiss_on_every_fixed_width_and_full(tmp_path, mil
     Q /= np.linalg.norm(Q, axis=1, keepdims=True)
     for q in Q:
         for width in (8, M0, 32, D, "full"):
-            a, b = vf.search(q, 10, width), vm.search(q, 10, width)
+            a, b = served(vf, q, 10, width), served(vm, q, 10, width)
             assert a.ids == b.ids, (width, a.ids, b.ids)
             assert np.allclose(a.scores, b.scores, atol=1e-6)
-            assert a.coordinates_scored == b.coordinates_scored and a.width == b.width
+            assert a.trace["coordinates_scored"] == b.trace["coordinates_scored"] and a.trace["width"] == b.trace["width"]
     # and both equal the brute-force reference at full width
     ref = exact_prefix_search(Q, X, D, 10)
-    assert all(vm.search(q, 10, "full").ids == [f"d{r}" for r in ref[i]] for i, q in enumerate(Q))
+    assert all(served(vm, q, 10, "full").ids == [f"d{r}" for r in ref[i]] for i, q in enumerate(Q))
 
 
 def test_milvus_shortlist_carries_rescoring_vectors_of_the_version(tmp_path, milvus):
@@ -119,10 +120,10 @@ def test_allowed_sets_restrict_both_backends_alike(tmp_path, milvus):
     allowed = rng.random(N) < 0.1
     for q in X[:10]:
         for width in (8, 32, "full"):
-            a, b = vf.search(q, 10, width, allowed=allowed), vm.search(q, 10, width, allowed=allowed)
+            a, b = served(vf, q, 10, width, allowed=allowed), served(vm, q, 10, width, allowed=allowed)
             assert a.ids == b.ids and len(a.ids) == 10
             assert all(allowed[int(i[1:])] for i in b.ids)
     few = np.zeros(N, dtype=bool)
     few[[5, 700]] = True
-    assert sorted(vm.search(X[0], 10, 32, allowed=few).ids) == ["d5", "d700"]
-    assert vm.search(X[0], 10, "full", allowed=np.zeros(N, dtype=bool)).ids == []
+    assert sorted(served(vm, X[0], 10, 32, allowed=few).ids) == ["d5", "d700"]
+    assert served(vm, X[0], 10, "full", allowed=np.zeros(N, dtype=bool)).ids == []
