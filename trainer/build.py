@@ -42,6 +42,10 @@ from adawidth.rotation import orthogonality_error, pca_rotation
 from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from adawidth.tiers import RERANK_DEPTH
 from engine.home import home_defaults
+from engine.index import IndexVersion, Router
+from engine.pipeline import Pipeline
+from engine.plan import SearchSpec
+from engine.recall import RecallPolicy
 from engine.io.beir import Collection, available_splits, load_collection, load_qrels
 from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
@@ -436,6 +440,73 @@ def _funnel_policy(ctx: BuildContext) -> None:
         ctx.policy = fit_stage1_policy(feats, agree, grid, ctx.X.shape[0], ctx.encoder.dimension, seed=ctx.opts.seed)
 
 
+def served_version(ctx: BuildContext) -> IndexVersion:
+    """The version this build writes, held in memory: rotation, faiss stage 1, routers, level store and recall
+    policy, so the evaluation runs the gateway's :class:`engine.pipeline.Pipeline` on what it will serve."""
+    opts = ctx.opts
+    routers = {pair: Router(pair, fit.booster, np.sort(np.asarray(fit.oof_predictions, np.float64)))
+               for pair, fit in ctx.routers.items()}
+    recall = None
+    if ctx.recall is not None:
+        r, sec = ctx.recall, ctx.recall["section"]
+        recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
+                              sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
+                              margin_share=sec["margin_share"])
+    return IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, m0=opts.m0, shortlist=opts.shortlist,
+                                  routers=routers, default_pair=tuple(opts.default_pair) if routers else None,
+                                  default_rho=opts.default_rho, levels=ctx.levels, recall_policy=recall,
+                                  backend="faiss", collection=ctx.name, theta=0.05)
+
+
+SERVED_POLICIES = {
+    "full": {"width": "full"},
+    "recall 0.95": {"width": "auto", "policy": "recall", "recall_target": 0.95},
+    "recall 0.99": {"width": "auto", "policy": "recall", "recall_target": 0.99},
+    "router": {"width": "auto", "policy": "router"},
+    "width 64": {"width": 64},
+    "width 128": {"width": 128},
+}
+"""The served policies the build's evaluation reports (request fields beside query and k)."""
+
+
+def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], subsets: dict, k: int = 10) -> dict:
+    """NDCG@10, recall@10 against ``full`` and coordinates per query of each served policy at ``k`` (the default
+    request's k), through the gateway's pipeline on ``version`` (what ``trainer evaluate`` and
+    ``POST /v1/search`` run).
+
+    Args:
+        version: the in-memory version (:func:`served_version`) or a loaded one.
+        test: the evaluation queries with their frozen (unrotated) embeddings, (Q, D) float32.
+        texts: Q query texts (the plan checks them; the embeddings are used).
+        subsets: name -> (Q,) bool mask or None (all queries).
+
+    Returns:
+        policy -> {subset -> {"ndcg@10", "recall@10_vs_full" (in [0, 1], higher is better),
+        "coordinates_share" (coordinates scored / (N * D), lower is cheaper), "queries"}}; a policy the
+        version lacks is left out.
+    """
+    pipe, out, full = Pipeline(), {}, None
+    has = {"recall": version.recall_policy is not None and version.levels is not None,
+           "router": bool(version.routers)}
+    for name, fields in SERVED_POLICIES.items():
+        if fields.get("policy") and not has[fields["policy"]]:
+            continue
+        results = pipe.search(version, [SearchSpec(query=t, k=k, **fields) for t in texts], embeddings=test.emb)
+        ranks = [r.ids for r in results]
+        if name == "full":
+            full = [set(r) for r in ranks]
+        nd = ranking_metric(ranks, test.judgments, "ndcg", 10)
+        work = np.array([r.trace["coordinates_scored"] for r in results], np.float64) / (version.size * version.dimension)
+        agree = np.array([len(full[i] & set(r)) / max(len(full[i]), 1) for i, r in enumerate(ranks)])
+        out[name] = {}
+        for s, m in subsets.items():
+            idx = np.arange(len(ranks)) if m is None else np.flatnonzero(m)
+            mean = (lambda a: float(a[idx].mean()) if len(idx) else float("nan"))
+            out[name][s] = {"ndcg@10": mean(nd), "recall@10_vs_full": mean(agree),
+                            "coordinates_share": mean(work), "queries": int(len(idx))}
+    return out
+
+
 def _evaluation_and_capacity(ctx: BuildContext) -> None:
     """Offline quality table and the capacity report on the evaluation split."""
     if not ctx.has_test:
@@ -444,6 +515,13 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
     with ctx.timer("evaluation"):
         ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels, ctx.funnel,
                                    ctx.R, ctx.routers)
+        texts = [ctx.col.queries[q] for q in ctx.test.ids]
+        subsets = {"all": None}
+        if ctx.train_qrels:
+            subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
+        else:
+            ctx.evaluation.pop("_unseen")
+        ctx.evaluation["served"] = served_evaluation(served_version(ctx), ctx.test, texts, subsets)
         if ctx.policy is not None:
             ctx.evaluation["stage1_policy"] = _evaluate_policy(opts, ctx.policy, ctx.X_rot, ctx.R, ctx.doc_ids,
                                                                ctx.test, ctx.train_qrels)
@@ -627,10 +705,11 @@ def _evaluate(opts: BuildOptions, rotations: dict, X: np.ndarray, doc_ids: list[
                 s: routed_policy_report(funnel, q_rot, test, s1, pair, pred, thresholds, subset=m)
                 for s, m in subsets.items()}
     return {"split": opts.eval_split, "queries": len(test.ids), "unseen_queries": int(unseen.sum()),
-            "static": rows, "routed": routed,
+            "static": rows, "routed": routed, "_unseen": unseen,
             "note": "exact/<rotation>/<w>: exhaustive search at width w; funnel/<rotation>/<w>: stage 1 at m0 over "
                     "the corpus, shortlist rescored at w (the served path). 'unseen': test queries none of whose "
-                    "relevant documents is cited by a training query."}
+                    "relevant documents is cited by a training query. served/<policy>: the gateway's pipeline on the "
+                    "version as written (engine.pipeline.Pipeline), as POST /v1/search answers it."}
 
 
 def _router_training_data(opts: BuildOptions, train: QuerySet, X: np.ndarray, doc_ids: list[str], R: np.ndarray,
