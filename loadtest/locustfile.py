@@ -2,7 +2,8 @@
 
 Traffic mix (task weights; one request per task):
 
-* 60 % ``auto`` (the router; a quarter of them with an explicit ``rho`` in {0.1, 0.2, 0.3});
+* 60 % ``auto``: three quarters the default policy (declared recall), a quarter the width router
+  (``policy: "router"``) with an explicit ``rho`` in {0.1, 0.2, 0.3};
 * 15 % a fixed prefix width in {64, 128, 256, 384};
 * 5 % ``full`` (exact full-width search);
 * 15 % ``auto`` with no ``width`` field at all (the default policy);
@@ -55,7 +56,7 @@ INVALID = (
     ("k too large", {"query": "q", "k": 10_001}, 422, "k_out_of_range"),
     ("width zero", {"query": "q", "width": 0}, 422, "width_out_of_range"),
     ("width above D", {"query": "q", "width": 385}, 422, "width_out_of_range"),
-    ("rho above 1", {"query": "q", "width": "auto", "rho": 2}, 422, "rho_out_of_range"),
+    ("rho above 1", {"query": "q", "width": "auto", "policy": "router", "rho": 2}, 422, "rho_out_of_range"),
     ("unknown field", {"query": "q", "limit": 10}, 422, "unknown_field"),
     ("k as string", {"query": "q", "k": "10"}, 422, "invalid_type"),
 )
@@ -111,8 +112,8 @@ class SearchUser(HttpUser):
 
     @task(15)
     def auto_rho(self):
-        self._search("/v1/search auto+rho", SearchRequest(self._query(), k=self._k(), width="auto",
-                                                          rho=self.rng.choice((0.1, 0.2, 0.3))))
+        self._search("/v1/search router+rho", SearchRequest(self._query(), k=self._k(), width="auto",
+                                                            policy="router", rho=self.rng.choice((0.1, 0.2, 0.3))))
 
     @task(15)
     def default_policy(self):

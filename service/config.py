@@ -64,6 +64,9 @@ class GatewaySettings(BaseSettings):
     version: str | None = Field(None, description="Version to serve; default: the collection's LIVE pointer.")
     encoder_dir: Path | None = Field(None, description="ONNX encoder export (default <home>/models/minilm-onnx).")
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = ONNX Runtime's default.")
+    level_threads: int = Field(0, ge=0, description="Threads of one query's level scan (width 'full', policy "
+                                                   "'recall'); 0 = every core. The kernel keeps at least 32,768 "
+                                                   "documents a thread, so small corpora scan on one.")
     faiss_threads: int = Field(1, ge=1, description="OpenMP threads for faiss; one is fastest for single queries.")
     prefer_gpu: bool = Field(True, description="Use CUDA for the encoder when onnxruntime-gpu and a GPU are present.")
     default_tier: Literal["mips", "auto", "maxsim", "cross_encoder"] = Field(

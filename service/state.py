@@ -42,6 +42,7 @@ class GatewayState:
         self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
                                        settings.canary_queries)
         self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
+        self.versions.level_threads = settings.level_threads
         self.registry = None  # engine.registry.Registry, None when a version is pinned
         self.follower = None  # service.follower.RegistryFollower
         self.load_error: str | None = None

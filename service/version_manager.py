@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -72,6 +73,8 @@ class VersionManager:
         self.encoder = encoder
         self.metrics = metrics
         self.canary_queries = tuple(canary_queries)
+        self.level_threads = 0  # kernel threads of one query's level scan; 0: every core (the kernel keeps
+        # at least 32,768 rows a thread, so a small corpus scans on one)
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
         self._live: str | None = None
@@ -177,7 +180,9 @@ class VersionManager:
             raise VersionRefused("missing", f"no version directory {path}")
         expect = Expect.of_encoder(self.encoder, collection=self.collection, version=version)
         try:
-            return IndexVersion.load(path, expect=expect, stage1=self.stage1)
+            v = IndexVersion.load(path, expect=expect, stage1=self.stage1)
+            v.level_threads = self.level_threads or os.cpu_count() or 1
+            return v
         except Stage1Unavailable as e:
             if e.transient:  # the engine did not answer: not a verdict on the version; retried next reconcile
                 raise

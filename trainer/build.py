@@ -225,6 +225,7 @@ class BuildContext:
     tier_head: np.ndarray | None = None
     tiers_meta: dict | None = None
     cars_meta: dict | None = None
+    frozen: tuple | None = None            # (X, train) before CARS mapped them (the difficulty head reads these)
     cars_writers: dict = field(default_factory=dict)
     rotations: dict = field(default_factory=dict)
     positives: list | None = None
@@ -323,8 +324,9 @@ def _difficulty_head(ctx: BuildContext) -> None:
     if not ctx.has_train:
         raise ValueError("the difficulty head (--tiers) needs training queries (a train split)")
     with ctx.timer("difficulty head"):
-        ctx.tier_head, ctx.tiers_meta = _fit_tier_head(ctx.opts, ctx.settings, ctx.encoder, ctx.X, ctx.col,
-                                                       ctx.train, ctx.opts.seed)
+        X, train = ctx.frozen or (ctx.X, ctx.train)
+        ctx.tier_head, ctx.tiers_meta = _fit_tier_head(ctx.opts, ctx.settings, ctx.encoder, X, ctx.col, train,
+                                                       ctx.opts.seed, served_version(ctx), ctx.train.emb)
 
 
 def _cars(ctx: BuildContext) -> None:
@@ -332,6 +334,7 @@ def _cars(ctx: BuildContext) -> None:
     if ctx.opts.cars is None:
         return
     with ctx.timer("cars"):
+        ctx.frozen = (ctx.X, ctx.train)
         ctx.X, ctx.train, ctx.test, ctx.cars_writers, ctx.cars_meta = apply_cars(
             ctx.opts.cars, ctx.X, ctx.train, ctx.test, ctx.row_of, ctx.opts.seed)
 
@@ -638,7 +641,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     """
     _check_options(opts, settings, encoder.dimension)
     ctx = BuildContext(opts, settings, encoder)
-    for step in (_read_dataset, _encode, _difficulty_head, _cars, _rotations, _routers, _levels_and_recall,
+    for step in (_read_dataset, _encode, _cars, _rotations, _routers, _levels_and_recall, _difficulty_head,
                  _funnel_policy, _evaluation_and_capacity):
         step(ctx)
     version, writers, manifest = _version_files(ctx)
@@ -650,9 +653,12 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
 
 
 def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,
-                   seed: int) -> tuple[np.ndarray, dict]:
+                   seed: int, version: IndexVersion, served_emb: np.ndarray) -> tuple[np.ndarray, dict]:
     """The difficulty head of ``--tiers`` (:mod:`trainer.dart.tier_head`): labels on the training queries the
-    cross-encoder did not train on, then the post-hoc head on their frozen embeddings.
+    cross-encoder did not train on, then the post-hoc head on their frozen embeddings.  The tiers rerank the
+    candidates the served first stage gives (the pipeline on ``version``, the version being built, at its
+    default policy, on ``served_emb``: the training queries as the version's pipeline sees them, CARS-mapped
+    when CARS is on), as the gateway's rerank stage does; the head itself reads the frozen embeddings.
 
     Raises:
         engine.scorers.CrossEncoderNotFoundError: no cross-encoder export.
@@ -668,9 +674,13 @@ def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Co
     if opts.tier_head_queries is not None and len(pick) > opts.tier_head_queries:
         pick = sorted(np.random.default_rng(seed).choice(pick, opts.tier_head_queries, replace=False).tolist())
     doc_ids = [d.doc_id for d in col.corpus]
-    quality = tier_quality(encoder, ce, X, [d.encoder_text() for d in col.corpus], doc_ids,
-                           [col.queries[train.ids[i]] for i in pick], train.emb[pick],
-                           [train.judgments[i] for i in pick])
+    texts = [col.queries[train.ids[i]] for i in pick]
+    served = Pipeline().search(version, [SearchSpec(query=t, k=RERANK_DEPTH, tier="mips") for t in texts],
+                               embeddings=served_emb[pick])
+    if any(len(r.rows) != RERANK_DEPTH for r in served):
+        raise ValueError(f"the corpus has fewer than {RERANK_DEPTH} documents to rerank")
+    quality = tier_quality(encoder, ce, X, [d.encoder_text() for d in col.corpus], doc_ids, texts, train.emb[pick],
+                           [train.judgments[i] for i in pick], candidates=np.stack([r.rows for r in served]))
     W, report = fit_head(train.emb[pick], quality["ndcg10"], seed=seed)
     report.update(split=opts.train_split, cross_encoder_held_out=True,
                   labels={"query_ids": [train.ids[i] for i in pick],

@@ -38,7 +38,7 @@ def test_client_answers_equal_raw_http_answers(gateway_url, queries):
                 assert got.ids == [h["id"] for h in want["results"]]
                 assert [h.score for h in got.results] == pytest.approx([h["score"] for h in want["results"]], abs=1e-6)
                 assert got.trace.index_version == ready["index_version"] and got.trace.extra == {}
-        rho = c.search(queries[0], k=5, width="auto", rho=0.3)
+        rho = c.search(queries[0], k=5, width="auto", policy="router", rho=0.3)
         assert rho.trace.policy == "router" and len(rho.results) == 5
         assert c.health() == {"status": "ok"} and "adawidth_" in c.metrics()
 

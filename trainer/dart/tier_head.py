@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str], doc_ids: Sequence[str],
                  query_texts: Sequence[str], Q: np.ndarray, judgments: Sequence[Mapping[str, int]], *,
-                 depth: int = RERANK_DEPTH, progress: bool = True) -> dict:
+                 depth: int = RERANK_DEPTH, progress: bool = True, candidates: np.ndarray | None = None) -> dict:
     """NDCG@10 of each tier on each query, and the rankings behind it.
 
     Args:
@@ -43,11 +43,15 @@ def tier_quality(encoder, cross_encoder, X: np.ndarray, doc_texts: Sequence[str]
         cross_encoder: :class:`engine.scorers.CrossEncoderScorer`.
         X: (N, D) float32 unit document embeddings; Q: (B, D) float32 unit query embeddings.
         doc_texts, doc_ids: N encoder texts and ids; query_texts: B texts; judgments: B qrels dicts.
+        candidates: (B, depth) int64 rows the tiers rerank, best first: the served first stage's top-``depth``
+            (the build passes the pipeline's, so labels rerank what serving reranks); None: the exact
+            full-width top-``depth`` of ``Q`` over ``X``.
 
     Returns:
         ``{"ndcg10": (B, T) float64 in TIERS order, "rankings": {tier: (B, depth) int64 rows}}``.
     """
-    cand = rank(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth)
+    cand = (rank(np.asarray(Q, dtype=np.float32), np.asarray(X, dtype=np.float32), depth) if candidates is None
+            else np.asarray(candidates, dtype=np.int64))
     maxsim = MaxSimScorer(encoder, cache_documents=len(np.unique(cand)))
     ranks = {t: np.empty_like(cand) for t in TIERS}
     for i in tqdm(range(len(query_texts)), desc="tier labels", unit="query", disable=not progress):
