@@ -59,11 +59,16 @@ def normalize_query(text: str) -> str:
 
 
 def encoder_key(encoder) -> str | None:
-    """The cache key part naming ``encoder``: its ONNX sha256 (``encoder.info.onnx_sha256``), or None when
-    the encoder does not declare one (then nothing is cached for it)."""
+    """The cache key part naming ``encoder``: its ONNX sha256 (``encoder.info.onnx_sha256``), with its
+    tokenizer's sha256 and its truncation (``max_tokens``) when it declares them, as
+    ``"<onnx sha>[/<tokenizer sha>][/<max tokens>]"``; None when the encoder declares no ONNX sha256 (then
+    nothing is cached for it)."""
     info = getattr(encoder, "info", None)
     sha = getattr(info, "onnx_sha256", None)
-    return sha if isinstance(sha, str) and sha else None
+    if not isinstance(sha, str) or not sha:
+        return None
+    parts = [sha, getattr(info, "tokenizer_sha256", None), getattr(encoder, "max_tokens", None)]
+    return "/".join(str(p) for p in parts if p is not None)
 
 
 class QueryEmbeddingCache:

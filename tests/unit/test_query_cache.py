@@ -7,9 +7,13 @@ import threading
 import numpy as np
 import pytest
 
+from engine.io.beir import load_queries
+from engine.plan import Plan
 from engine.query_cache import QueryEmbeddingCache, encoder_key, normalize_query
+from engine.stages.encode import encode
 from service.errors import ApiError
 from service.models import BatchItemError, BatchSearchRequest, SearchRequest
+from tests.conftest import SCIFACT
 
 D = 8
 
@@ -65,15 +69,21 @@ def test_the_key_holds_the_encoder_hash():
 
 
 class Info:
-    onnx_sha256 = "abc123"
+    def __init__(self, onnx, tokenizer=None):
+        self.onnx_sha256, self.tokenizer_sha256 = onnx, tokenizer
 
 
 class WithInfo:
-    info = Info()
+    def __init__(self, info, max_tokens=None):
+        self.info, self.max_tokens = info, max_tokens
 
 
-def test_encoder_key():
-    assert encoder_key(WithInfo()) == "abc123" and encoder_key(object()) is None
+def test_encoder_key_names_the_onnx_hash_and_what_changes_the_input():
+    assert encoder_key(WithInfo(Info("abc123"))) == "abc123" and encoder_key(object()) is None
+    assert encoder_key(WithInfo(Info(""))) is None
+    full = encoder_key(WithInfo(Info("abc123", "tok9"), 256))
+    assert full == "abc123/tok9/256" and full != encoder_key(WithInfo(Info("abc123", "tok9"), 128))
+    assert encoder_key(WithInfo(Info("def456", "tok9"), 256)) != full
 
 
 def test_eviction_by_entries_is_least_recently_used():
@@ -169,3 +179,29 @@ def test_batch_items_are_typed_one_by_one():
     assert slot == {"error": {"code": "unknown_field", "message": "unknown field 'colour'", "field": "colour"},
                     "status": 422}
     assert BatchItemError.model_validate(slot).status == 422
+
+
+# ---------------------------------------------------------------------------------------------- real encoder
+
+def test_normalisation_keeps_the_served_tokenizers_ids_and_a_hit_equals_the_miss(encoder):
+    """The key is the text as the encoder sees it: for SciFact queries and whitespace / composition variants
+    of them, the WordPiece ids of the normalised text equal those of the raw text; through the encode stage a
+    hit returns the miss's vector bit for bit."""
+    texts = sorted(load_queries(SCIFACT).values())[:200]
+    variants = [t.replace(" ", "  \t", 2) + "\n" for t in texts[:50]] + \
+               [" \u00a0" + t.replace(" ", "\u3000", 1) for t in texts[50:100]] + \
+               ["Cafe\u0301 au lait and " + t for t in texts[100:110]]
+    raw = texts + variants
+    ids = [e.ids for e in encoder.tokenizer.encode_batch(raw)]
+    norm = [e.ids for e in encoder.tokenizer.encode_batch([normalize_query(t) for t in raw])]
+    assert ids == norm
+
+    def plan(text):
+        return Plan(query=text, text=text, phrases=(), k=10, depth=10, policy="exact")
+
+    cache = QueryEmbeddingCache(100, 1 << 20)
+    miss = encode([plan(texts[0]), plan(texts[1])], encoder, cache)
+    hit = encode([plan("  " + texts[1]), plan(texts[0] + "\t")], encoder, cache)
+    assert cache.hits == 2 and np.array_equal(hit[0].view(np.uint32), miss[1].view(np.uint32))
+    assert np.array_equal(hit[1], miss[0])
+    assert np.array_equal(encode([plan(texts[2])], encoder, None), encode([plan(texts[2] + "  ")], encoder, None))
