@@ -74,8 +74,21 @@ class _Base:
         return _Call("POST", search_path(collection or self.collection), request.to_json(), timeout_s=timeout_s)
 
     @staticmethod
-    def _requests(queries: Sequence[str | SearchRequest], fields: dict) -> list[SearchRequest]:
-        return [q if isinstance(q, SearchRequest) else SearchRequest.build(q, **fields) for q in queries]
+    def _requests(queries: Sequence[str | dict | SearchRequest], fields: dict) -> list[SearchRequest]:
+        """Each query as a request: a text gets ``fields``; a dict is a whole search body (``{"query": ...,
+        "k": ...}``, the shared ``fields`` under it); a :class:`SearchRequest` is sent as it is."""
+        out = []
+        for q in queries:
+            if isinstance(q, SearchRequest):
+                out.append(q)
+            elif isinstance(q, dict):
+                body = {**{k: v for k, v in fields.items() if v is not None}, **q}
+                if "query" not in body:
+                    raise ClientError("a batch item given as a dict needs a 'query'")
+                out.append(SearchRequest.build(body.pop("query"), **body))
+            else:
+                out.append(SearchRequest.build(q, **fields))
+        return out
 
     @staticmethod
     def _batch_call(name: str, requests: list[SearchRequest], timeout_s: float | None) -> _Call:
@@ -192,13 +205,16 @@ class Client(_Base):
         """Send a prepared :class:`SearchRequest`; see :meth:`search`."""
         return SearchResponse.from_json(self._send(self._search_call(request, collection, timeout_s)).json())
 
-    def search_batch(self, queries: Sequence[str | SearchRequest], k: int | None = None, width=None, *,
+    def search_batch(self, queries: Sequence[str | dict | SearchRequest], k: int | None = None, width=None, *,
                      collection: str | None = None, timeout_s: float | None = None,
                      **fields: Any) -> list[SearchResponse | ErrorDetail]:
-        """Search many queries in one request (``POST /v1/collections/{name}/search/batch``).
+        """Search many queries in one request (``POST /v1/collections/{name}/search/batch``): one admission
+        slot, one deadline and one encoder call on the gateway (docs/API.md).
 
         Args:
-            queries: query texts (each sent with ``k``, ``width`` and ``fields``) or prepared requests.
+            queries: 1..``max_batch`` (gateway default 256) items: query texts (each sent with ``k``, ``width``
+                and ``fields``), search bodies as dicts (``{"query": ..., "width": 64}``; ``k``, ``width`` and
+                ``fields`` fill what a dict leaves out) or prepared :class:`SearchRequest` s.
             collection: collection (default: the client's, else the gateway's default collection, read from
                 ``/readyz``).
 
@@ -207,7 +223,9 @@ class Client(_Base):
             that query alone (e.g. ``blank_query``); a bad query does not fail the batch.
 
         Raises:
-            ApiError: the batch as a whole was refused (413 ``body_too_large``, 429 after retries, ...).
+            ApiError: the batch as a whole was refused (413 ``batch_too_large`` or ``body_too_large``, 422
+                ``empty_batch``, 404 ``unknown_collection``, 429 after retries, ...).
+            ClientError: a dict item without ``query``.
         """
         requests = self._requests(queries, {"k": k, "width": width, **fields})
         name = collection or self.collection or self._default_collection_name()
@@ -353,7 +371,7 @@ class AsyncClient(_Base):
         """See :meth:`Client.search_request`."""
         return SearchResponse.from_json((await self._send(self._search_call(request, collection, timeout_s))).json())
 
-    async def search_batch(self, queries: Sequence[str | SearchRequest], k: int | None = None, width=None, *,
+    async def search_batch(self, queries: Sequence[str | dict | SearchRequest], k: int | None = None, width=None, *,
                            collection: str | None = None, timeout_s: float | None = None,
                            **fields: Any) -> list[SearchResponse | ErrorDetail]:
         """See :meth:`Client.search_batch`."""

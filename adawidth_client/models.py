@@ -172,7 +172,8 @@ class ErrorDetail:
 
 
 def parse_batch_item(item: Any) -> SearchResponse | ErrorDetail:
-    """One slot of a batch answer: ``{"results": ..., "trace": ...}`` or ``{"error": {...}}``."""
+    """One slot of a batch answer: ``{"results": ..., "trace": ...}`` or ``{"error": {...}, "status": int}``
+    (the slot's HTTP-equivalent status is not kept: the code says it, docs/API.md)."""
     if isinstance(item, dict) and "error" in item:
         return ErrorDetail.from_json(item["error"])
     return SearchResponse.from_json(item)
@@ -213,8 +214,14 @@ class CollectionInfo:
 
     name: str
     index_version: str | None = None
+    """Live index version (None while none is loaded)."""
     documents: int | None = None
     policies: list[str] = field(default_factory=list)
+    """Policies of ``width: "auto"`` the live version serves (``recall``, ``router``, ``funnel``)."""
+    default_policy: str | None = None
+    """Policy of ``width: "auto"`` when a request names none."""
+    default: bool = False
+    """True for the collection ``POST /v1/search`` serves."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -240,5 +247,5 @@ class ReloadResult:
 
 
 MODELS_BY_SCHEMA = {"SearchResponse": SearchResponse, "Hit": Hit, "Trace": Trace, "ErrorDetail": ErrorDetail,
-                    "ReloadResponse": ReloadResult}
+                    "ReloadResponse": ReloadResult, "CollectionInfo": CollectionInfo}
 """OpenAPI component name -> the model mirroring it (the request body is checked as :class:`SearchRequest`)."""

@@ -44,9 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(home: Path, collection: str, port: int, log_path: Path) -> subprocess.Popen:
-    """Start ``python -m service`` on ``home``'s collection at ``port``, logging to ``log_path``; returns the process."""
-    env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_COLLECTION=collection, ADAWIDTH_PORT=str(port))
+def start_gateway(home: Path, collection: str, port: int, log_path: Path,
+                  settings: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``python -m service`` on ``home``'s collection at ``port``, logging to ``log_path``; returns the process.
+
+    ``settings``: extra gateway settings as ``ADAWIDTH_<NAME>`` variables (name without the prefix)."""
+    env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_COLLECTION=collection, ADAWIDTH_PORT=str(port),
+               **{f"ADAWIDTH_{k}": str(v) for k, v in (settings or {}).items()})
     log = open(log_path, "w")
     return subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from adawidth.tiers import RERANK_DEPTH
 from engine.plan import Capabilities, Plan, PlanDefaults, SearchSpec, resolve_plan
+from engine.query_cache import QueryEmbeddingCache
 from engine.stages import STAGES
 from engine.stages.encode import encode
 from engine.stages.fuse import fuse
@@ -72,11 +73,14 @@ class Pipeline:
         encoder: query encoder (``encode(list[str]) -> (B, D) float32``), or None when every call passes
             ``embeddings``.
         rerankers: DART rerankers by tier name (``maxsim``, ``cross_encoder``), those loaded.
+        query_cache: the query-embedding cache of the encode stage (:class:`engine.query_cache.QueryEmbeddingCache`),
+            or None.
     """
 
-    def __init__(self, encoder=None, rerankers: dict | None = None):
+    def __init__(self, encoder=None, rerankers: dict | None = None, query_cache: QueryEmbeddingCache | None = None):
         self.encoder = encoder
         self.rerankers = dict(rerankers or {})
+        self.query_cache = query_cache
 
     def search(self, version, specs: Sequence[SearchSpec], *, embeddings: np.ndarray | None = None,
                defaults: PlanDefaults | None = None, allowed: np.ndarray | None = None) -> list[Result]:
@@ -125,7 +129,7 @@ class Pipeline:
         elif any(dense):
             s = time.perf_counter()
             idx = [i for i, d in enumerate(dense) if d]
-            got = encode([plans[i] for i in idx], self.encoder)
+            got = encode([plans[i] for i in idx], self.encoder, self.query_cache)
             E = np.zeros((len(plans), got.shape[1]), np.float32)
             E[idx] = got
             t_encode = time.perf_counter() - s

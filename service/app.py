@@ -1,5 +1,15 @@
-"""The FastAPI gateway: routes only.  ``POST /v1/search``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``
-and ``/admin/*``.
+"""The FastAPI gateway: routes only.  ``POST /v1/search`` (the default collection), ``GET /v1/collections``,
+``POST /v1/collections/{name}/search``, the batch searches ``POST /v1/collections/{name}/search/batch`` and
+``POST /v1/search/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` and ``/admin/*``.
+
+The collection-scoped routes look the name up in :attr:`service.state.GatewayState.collections` (one entry
+today: ``settings.collection``); an unknown name is 404 ``unknown_collection``.
+
+A batch is one unit of work: the body-size limit applies to the whole body, it takes one admission slot of
+the limiter and the request's one fixed deadline (``search_deadline_s``, not scaled by its size), and its
+dense items are encoded in one encoder call (:meth:`service.state.GatewayState.run_batch`).  Each item is
+typed and planned on its own: a bad item is answered in its slot (its error body and HTTP-equivalent status),
+the others are searched.
 
 A search is parse -> plan -> run -> render (docs/ARCHITECTURE.md): the body is read size-limited and decoded
 strictly (:mod:`service.parsing`), typed by :class:`service.models.SearchRequest`, resolved once into an
@@ -33,7 +43,9 @@ from service.auth import require_search_key
 from service.config import GatewaySettings
 from service.errors import ApiError
 from service.metrics import bounded_method
-from service.models import SearchRequest, SearchResponse, error_responses, search_request_schema
+from service.models import (BatchItemError, BatchSearchRequest, BatchSearchResponse, CollectionsResponse,
+                            SearchRequest, SearchResponse, batch_request_schema, error_responses,
+                            search_request_schema)
 from service.parsing import check_media_type, parse_json, read_body, validate
 from service.state import GatewayState
 
@@ -108,26 +120,84 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     search_key = settings.search_api_key is not None and bool(settings.search_api_key.get_secret_value())
 
     # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
-    @app.post("/v1/search", response_model=SearchResponse,
-              dependencies=[Depends(require_search_key)] if search_key else [],
-              responses=error_responses(400, *([401] if search_key or settings.access_policy == "api_key" else []),
-                                        *([403] if settings.access_policy == "header" else []),
-                                        409, 413, 415, 422, 429, 503),
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": search_request_schema(settings)}}}})
-    async def search(request: Request):
-        """Search the live index version.  See ``docs/API.md`` for the error codes."""
+    search_deps = [Depends(require_search_key)] if search_key else []
+    search_errors = (400, *([401] if search_key or settings.access_policy == "api_key" else []),
+                     *([403] if settings.access_policy == "header" else []), 409, 413, 415, 422, 429, 503)
+    search_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": search_request_schema(settings)}}}}
+    batch_body = {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": batch_request_schema(settings)}}}}
+
+    async def search_in(request: Request, name: str) -> dict:
         deadline = time.monotonic() + settings.search_deadline_s
+        versions = state.collection(name)
         check_media_type(request)
         req = validate(SearchRequest, parse_json(await read_body(request, settings.max_body_bytes),
                                                  settings.max_body_bytes))
         principal = principal_of(request, settings)
-        with state.versions.acquire() as version:  # the one reference this request holds to its end
+        with versions.acquire() as version:  # the one reference this request holds to its end
             if version is None or state.encoder is None:
                 raise ApiError("not_ready", "no index version is loaded")
             plan = state.plan(req.spec(), version, principal)
             result = await state.run(plan, version, deadline)
             return {"results": result.hits(), "trace": result.trace}
+
+    async def search_batch_in(request: Request, name: str) -> dict:
+        deadline = time.monotonic() + settings.search_deadline_s  # one fixed deadline for the whole batch
+        versions = state.collection(name)
+        check_media_type(request)
+        batch = BatchSearchRequest.parse(parse_json(await read_body(request, settings.max_body_bytes),
+                                                    settings.max_body_bytes), settings.max_batch)
+        principal = principal_of(request, settings)
+        items = batch.items()
+        with versions.acquire() as version:  # every item runs on this one version
+            if version is None or state.encoder is None:
+                raise ApiError("not_ready", "no index version is loaded")
+            slots: list = [None] * len(items)
+            plans, where = [], []
+            for i, item in enumerate(items):
+                try:
+                    if isinstance(item, ApiError):
+                        raise item
+                    plans.append(state.plan(item.spec(), version, principal))
+                    where.append(i)
+                except ApiError as e:  # this item alone is refused; the others are answered
+                    state.metrics.errors.labels(e.code).inc()
+                    slots[i] = BatchItemError.of(e)
+            state.metrics.batch_size.observe(len(items))
+            if plans:
+                for i, result in zip(where, await state.run_batch(plans, version, deadline)):
+                    slots[i] = {"results": result.hits(), "trace": result.trace}
+            return {"results": slots}
+
+    @app.post("/v1/search", response_model=SearchResponse, dependencies=search_deps,
+              responses=error_responses(*search_errors), openapi_extra=search_body)
+    async def search(request: Request):
+        """Search the default collection's live index version.  See ``docs/API.md`` for the error codes."""
+        return await search_in(request, settings.collection)
+
+    @app.post("/v1/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
+              responses=error_responses(*search_errors), openapi_extra=batch_body)
+    async def search_batch(request: Request):
+        """Batch search of the default collection: ``{"queries": [search body, ...]}`` -> one slot per query."""
+        return await search_batch_in(request, settings.collection)
+
+    @app.get("/v1/collections", response_model=CollectionsResponse)
+    async def collections():
+        """The collections this gateway serves: live version, documents, the ``auto`` policies, default policy."""
+        return {"collections": [state.collection_info(name) for name in state.collections]}
+
+    @app.post("/v1/collections/{name}/search", response_model=SearchResponse, dependencies=search_deps,
+              responses=error_responses(*search_errors, 404), openapi_extra=search_body)
+    async def search_collection(request: Request, name: str):
+        """Search collection ``name`` (as ``POST /v1/search``; 404 ``unknown_collection`` for a name not served)."""
+        return await search_in(request, name)
+
+    @app.post("/v1/collections/{name}/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
+              responses=error_responses(*search_errors, 404), openapi_extra=batch_body)
+    async def search_collection_batch(request: Request, name: str):
+        """Batch search of collection ``name``: one slot per query, in request order (docs/API.md)."""
+        return await search_batch_in(request, name)
 
     app.include_router(build_admin_router(state))
 

@@ -135,6 +135,15 @@ class GatewaySettings(BaseSettings):
                                   "(503 deadline_exceeded when reached, queue wait included).")
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 overloaded, in seconds.")
 
+    # batch search and the query-embedding cache (issue 17)
+    max_batch: int = Field(256, ge=1, description="Most queries one batch search may hold (413 batch_too_large "
+                                                  "above); the batch takes one admission slot and one deadline.")
+    query_cache_entries: int = Field(10_000, ge=0, description="Query embeddings the LRU cache keeps, in entries "
+                                                              "(0 disables the cache).")
+    query_cache_bytes: int = Field(64 * 1024 * 1024, ge=0,
+                                   description="Bytes the query-embedding cache may hold (vectors + key texts), in "
+                                               "bytes (0 disables the cache).")
+
     # authentication
     mode: Literal["production", "local"] = Field(
         "production", description="'local' allows placeholder API keys (development only).")

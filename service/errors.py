@@ -38,6 +38,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "admin_disabled": 403,
     # routing
     "not_found": 404,
+    "unknown_collection": 404,
     "method_not_allowed": 405,
     # capacity and state
     "overloaded": 429,
@@ -63,6 +64,9 @@ STATUS_OF_CODE: dict[str, int] = {
     "tenant_required": 403,
     # stage 1 on an external engine (issue 10)
     "stage1_unavailable": 503,
+    # batch search (issue 17)
+    "batch_too_large": 413,
+    "empty_batch": 422,
     # DART tiers (issue 5)
     "unknown_tier": 422,
     "tier_unavailable": 409,

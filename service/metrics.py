@@ -16,6 +16,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075
 WIDTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384)
 STAGES = ("encode", "rotate", "stage1", "route", "rescore", "fuse", "rerank", "render", "total")
 """Values of the ``stage`` label: the pipeline's stages (:data:`engine.stages.STAGES`) and the total."""
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0)
 
 
@@ -56,6 +57,21 @@ class GatewayMetrics:
                                     registry=registry)
         self.search_queued = Gauge("adawidth_search_queued_requests", "Admitted searches waiting for a worker.",
                                    registry=registry)
+        self.query_cache_hits = Counter("adawidth_query_cache_hits_total",
+                                        "Query texts whose embedding came from the query-embedding cache.",
+                                        registry=registry)
+        self.query_cache_misses = Counter("adawidth_query_cache_misses_total",
+                                          "Query texts looked up in the query-embedding cache and encoded.",
+                                          registry=registry)
+        self.batch_size = Histogram("adawidth_search_batch_queries", "Queries per batch search request.",
+                                    buckets=BATCH_BUCKETS, registry=registry)
+
+    def observe_query_cache(self, hits: int, misses: int) -> None:
+        """Count one lookup of the query-embedding cache: ``hits`` and ``misses`` query texts."""
+        if hits:
+            self.query_cache_hits.inc(hits)
+        if misses:
+            self.query_cache_misses.inc(misses)
 
 
     def observe_levels(self, trace: dict, full_work: int) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from engine.plan import FilterValues, SearchSpec
-from service.errors import STATUS_OF_CODE
+from service.errors import STATUS_OF_CODE, ApiError
+from service.parsing import check_keys, validate
 
 
 class SearchRequest(BaseModel):
@@ -119,6 +120,108 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class BatchSearchRequest(BaseModel):
+    """Body of ``POST /v1/collections/{name}/search/batch`` and ``POST /v1/search/batch``.
+
+    ``queries`` holds 1..``max_batch`` search bodies (:class:`SearchRequest`, without a collection).  The
+    envelope is typed here; each item is validated on its own by :meth:`items`, so one bad item is answered in
+    its slot instead of failing the batch.
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"queries": [{"query": "statins reduce cardiovascular events", "k": 10},
+                     {"query": "vitamin D and multiple sclerosis", "k": 5, "width": "full"},
+                     {"query": "gene expression in cancer cells", "width": "auto", "policy": "router", "rho": 0.2}]}]})
+
+    queries: list[Any] = Field(description="1..max_batch search requests (the body of POST /v1/search each), "
+                                           "answered in this order.")
+
+    @classmethod
+    def parse(cls, obj, max_batch: int) -> "BatchSearchRequest":
+        """Type the envelope of a decoded JSON body.
+
+        Args:
+            obj: the decoded JSON body.
+            max_batch: the most items allowed (settings ``max_batch``).
+
+        Raises:
+            ApiError: ``invalid_type`` (not an object, or ``queries`` not a list), ``unknown_field``,
+                ``missing_field``, ``empty_batch`` (no item), ``batch_too_large`` (more than ``max_batch``).
+        """
+        batch = validate(cls, obj)
+        if not isinstance(obj.get("queries"), list):
+            raise ApiError("invalid_type", "field 'queries' must be a list of search requests", "queries")
+        if not batch.queries:
+            raise ApiError("empty_batch", "a batch needs at least one query", "queries")
+        if len(batch.queries) > max_batch:
+            raise ApiError("batch_too_large", f"a batch holds at most {max_batch} queries", "queries")
+        return batch
+
+    def items(self) -> list[SearchRequest | ApiError]:
+        """Each item typed as a :class:`SearchRequest`, or the :class:`ApiError` it alone answers (the same
+        code a single search with that body would get: ``invalid_type``, ``unknown_field``, ``missing_field``,
+        ``invalid_unicode``, ...), in order."""
+        out: list[SearchRequest | ApiError] = []
+        for item in self.queries:
+            try:
+                check_keys(item)
+                out.append(validate(SearchRequest, item))
+            except ApiError as e:
+                out.append(e)
+        return out
+
+
+class BatchItemError(BaseModel):
+    """One slot of a batch answer whose query was refused: the error body a single search would get, and
+    its HTTP status."""
+
+    error: ErrorDetail
+    status: int = Field(description="The HTTP status a single search with this item would have answered.")
+
+    @classmethod
+    def of(cls, exc: ApiError) -> dict:
+        """The slot of ``exc`` as JSON-ready data (message and field made safe)."""
+        return {**exc.body(), "status": exc.status}
+
+
+class BatchSearchResponse(BaseModel):
+    """Answer of a batch search: one slot per query, in request order."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"results": [
+        {"results": [{"id": "4983", "score": 0.71}],
+         "trace": {"width": 384, "escalated": False, "router_score": None, "index_version": "20261130T063214Z-fc31887d",
+                   "coordinates_scored": 412000, "policy": "recall", "timings_seconds": {"encode": 0.02,
+                                                                                        "total": 0.024}}},
+        {"error": {"code": "blank_query", "message": "query must contain a visible character", "field": "query"},
+         "status": 422}]}]})
+
+    results: list[SearchResponse | BatchItemError] = Field(
+        description="Slot i answers queries[i]: a search response, or that query's error and status.")
+
+
+class CollectionInfo(BaseModel):
+    """One collection this gateway serves."""
+
+    name: str = Field(description="Collection name (the {name} of /v1/collections/{name}/search).")
+    index_version: str | None = Field(None, description="Live index version (null while none is loaded).")
+    documents: int | None = Field(None, description="Documents in the live version.")
+    policies: list[str] = Field(default_factory=list, description="Policies of width 'auto' the live version serves (recall, router, "
+                                            "funnel); 'exact' (width 'full') and 'fixed' (an integer width) are "
+                                            "always served.")
+    default_policy: str | None = Field(None, description="Policy of width 'auto' when a request names none.")
+    default: bool = Field(False, description="True for the collection POST /v1/search serves.")
+
+
+class CollectionsResponse(BaseModel):
+    """Answer of ``GET /v1/collections``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"collections": [
+        {"name": "scifact", "index_version": "20261130T063214Z-fc31887d", "documents": 5183,
+         "policies": ["recall", "router"], "default_policy": "recall", "default": True}]}]})
+
+    collections: list[CollectionInfo]
+
+
 def error_responses(*statuses: int) -> dict:
     """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429)."""
     out: dict = {}
@@ -147,4 +250,15 @@ def search_request_schema(settings) -> dict:
             part.update(minimum=0, maximum=1)
     for part in props["recall_target"]["anyOf"][:2]:
         part.update(exclusiveMinimum=0, maximum=1)
+    return schema
+
+
+def batch_request_schema(settings) -> dict:
+    """JSON schema of the batch body with this gateway's limits: ``queries`` of 1..``max_batch`` search bodies
+    (:func:`search_request_schema` each)."""
+    item = search_request_schema(settings)
+    schema = BatchSearchRequest.model_json_schema()
+    schema["properties"]["queries"] = {"type": "array", "items": item, "minItems": 1, "maxItems": settings.max_batch,
+                                       "title": "Queries",
+                                       "description": schema["properties"]["queries"].get("description", "")}
     return schema

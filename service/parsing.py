@@ -103,6 +103,12 @@ def parse_json(raw: bytes, limit: int):
     return obj
 
 
+def check_keys(obj) -> None:
+    """Raise ``invalid_unicode`` when a field name of ``obj`` (a decoded JSON value; nested objects two levels
+    deep) holds a lone UTF-16 surrogate; :func:`parse_json` runs it on every body, a batch on each item."""
+    _check_keys(obj)
+
+
 def _check_keys(obj, depth: int = 0) -> None:
     if isinstance(obj, dict):
         if any(has_lone_surrogate(key) for key in obj):

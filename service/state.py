@@ -14,6 +14,7 @@ from engine.encoder import OnnxEncoder
 from engine.index import IndexVersion
 from engine.pipeline import Pipeline, Result, capabilities
 from engine.plan import Plan, PlanError, SearchSpec, resolve_plan
+from engine.query_cache import QueryEmbeddingCache
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
 from engine.stage1 import Stage1Unavailable
 from service.config import GatewaySettings
@@ -52,6 +53,32 @@ class GatewayState:
         self.metrics.search_queued.set_function(lambda: self.limiter.queued)
         self._reload_lock = threading.Lock()
         self.defaults = plan_defaults(settings)
+        self.query_cache = QueryEmbeddingCache(settings.query_cache_entries, settings.query_cache_bytes,
+                                               on_lookup=self.metrics.observe_query_cache)
+        # the collections served, by name: one for now (a later change serves several from this dict)
+        self.collections: dict[str, VersionManager] = {settings.collection: self.versions}
+
+    def collection(self, name: str) -> VersionManager:
+        """The versions of collection ``name`` (what ``/v1/collections/{name}/...`` routes search).
+
+        Raises:
+            ApiError: ``unknown_collection`` (404) when this gateway does not serve ``name``.
+        """
+        versions = self.collections.get(name)
+        if versions is None:
+            raise ApiError("unknown_collection", "this gateway does not serve that collection", "name")
+        return versions
+
+    def collection_info(self, name: str) -> dict:
+        """``GET /v1/collections`` entry of ``name``: live version, documents, the ``auto`` policies it serves
+        (:func:`engine.pipeline.capabilities`) and its default policy; nulls and no policies while unloaded."""
+        live = self.collection(name).live
+        caps = capabilities(live, self.rerankers()) if live is not None else None
+        return {"name": name, "index_version": live.version if live is not None else None,
+                "documents": live.size if live is not None else None,
+                "policies": sorted(caps.policies) if caps is not None else [],
+                "default_policy": caps.default_policy if caps is not None else None,
+                "default": name == self.settings.collection}
 
     @property
     def live(self) -> IndexVersion | None:
@@ -144,16 +171,30 @@ class GatewayState:
         Raises:
             ApiError: ``overloaded``, ``deadline_exceeded``, ``stage1_unavailable``.
         """
-        pipeline = Pipeline(self.encoder, self.rerankers())
+        return (await self.run_batch([plan], version, deadline))[0]
+
+    async def run_batch(self, plans: list[Plan], version: IndexVersion, deadline: float) -> list[Result]:
+        """Run many plans as one unit of work: one admission slot of the limiter, one worker, one deadline
+        (fixed: ``deadline`` is the request's, whatever the batch size), one :meth:`Pipeline.run` call (so one
+        encoder call for every dense plan); then count each plan in the metrics.
+
+        Returns:
+            One :class:`engine.stages.render.Result` per plan, in order.
+
+        Raises:
+            ApiError: ``overloaded``, ``deadline_exceeded``, ``stage1_unavailable`` (for the whole batch).
+        """
+        pipeline = Pipeline(self.encoder, self.rerankers(), self.query_cache)
         try:
-            result = await self.limiter.run(
-                lambda dl: pipeline.run([plan], version, check=lambda: check_deadline(dl))[0], deadline)
+            results = await self.limiter.run(
+                lambda dl: pipeline.run(plans, version, check=lambda: check_deadline(dl)), deadline)
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
                            headers={"Retry-After": str(self.settings.retry_after_s)}) from e
-        self.observe(plan, version, result)
-        return result
+        for plan, result in zip(plans, results):
+            self.observe(plan, version, result)
+        return results
 
     def observe(self, plan: Plan, version: IndexVersion, result: Result) -> None:
         """Metrics, the online-CUS sample and the query-log sample of one served search."""

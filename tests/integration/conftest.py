@@ -58,6 +58,8 @@ def make_gateway(scifact_home):
     """Factory: ``with make_gateway(home=..., **settings) as (client, state)`` runs an app with its lifespan."""
     @contextmanager
     def factory(home=None, **settings):
+        # these tests count encoder calls (GatedEncoder); the query-embedding cache has its own tests
+        settings.setdefault("query_cache_entries", 0)
         app = create_app(GatewaySettings(home=home or scifact_home, collection="scifact", **settings),
                          CollectorRegistry())
         with TestClient(app) as client:
