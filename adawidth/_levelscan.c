@@ -77,25 +77,19 @@ static inline float half_to_float(uint16_t h) {
 }
 
 /* Portable versions: eight independent lanes (vectorisable without reassociation), fixed reduction order. */
-static inline float row_dot32_generic(const float *x, const float *q, int64_t w) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t j = 0;
-    for (; j + 8 <= w; j += 8)
-        for (int t = 0; t < 8; t++) acc[t] += x[j + t] * q[j + t];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; j < w; j++) s += x[j] * q[j];
-    return s;
-}
-
-static inline float row_dot16_generic(const uint16_t *x, const float *q, int64_t w) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t j = 0;
-    for (; j + 8 <= w; j += 8)
-        for (int t = 0; t < 8; t++) acc[t] += half_to_float(x[j + t]) * q[j + t];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
-    return s;
-}
+#define DEFINE_ROW_DOT_GENERIC(NAME, T, SCALAR)                                                               \
+    static inline float NAME(const T *x, const float *q, int64_t w) {                                          \
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                               \
+        int64_t j = 0;                                                                                          \
+        for (; j + 8 <= w; j += 8)                                                                              \
+            for (int t = 0; t < 8; t++) acc[t] += SCALAR(x[j + t]) * q[j + t];                                  \
+        float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));           \
+        for (; j < w; j++) s += SCALAR(x[j]) * q[j];                                                            \
+        return s;                                                                                               \
+    }
+#define AS_FLOAT(v) (v)
+DEFINE_ROW_DOT_GENERIC(row_dot32_generic, float, AS_FLOAT)
+DEFINE_ROW_DOT_GENERIC(row_dot16_generic, uint16_t, half_to_float)
 
 /* The row loops around a row kernel: dense rows start..start+n-1, or gathered rows (prefetched ahead). */
 #define DEFINE_DOT_LOOP(NAME, TARGET, T, ROW_DOT)                                                              \
@@ -128,85 +122,49 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static inline float row_dot32_avx2(const float *x, const float *q,
-                                                                            int64_t w) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= w; j += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(q + j), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(q + j + 8), a1);
+/* One SIMD row kernel a width: LANES lanes, two accumulators, a fixed reduction order.  LOAD(x, j) loads
+ * LANES elements of the row as floats (float32 as is, float16 converted); SCALAR(v) converts one element. */
+#define DEFINE_ROW_DOT(NAME, TARGET, T, VEC, LANES, ZERO, FMA, LOADQ, LOAD, HSUM, SCALAR)                        \
+    TARGET static inline float NAME(const T *x, const float *q, int64_t w) {                                    \
+        VEC a0 = ZERO(), a1 = ZERO();                                                                           \
+        int64_t j = 0;                                                                                          \
+        for (; j + 2 * (LANES) <= w; j += 2 * (LANES)) {                                                        \
+            a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                             \
+            a1 = FMA(LOAD(x, j + (LANES)), LOADQ(q + j + (LANES)), a1);                                         \
+        }                                                                                                       \
+        if (j + (LANES) <= w) {                                                                                 \
+            a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                             \
+            j += (LANES);                                                                                       \
+        }                                                                                                       \
+        float s = HSUM(a0, a1);                                                                                 \
+        for (; j < w; j++) s += SCALAR(x[j]) * q[j];                                                            \
+        return s;                                                                                               \
     }
-    if (j + 8 <= w) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(q + j), a0);
-        j += 8;
-    }
-    float s = hsum256(_mm256_add_ps(a0, a1));
-    for (; j < w; j++) s += x[j] * q[j];
-    return s;
-}
 
-__attribute__((target("avx2,fma,f16c"))) static inline float row_dot16_avx2(const uint16_t *x, const float *q,
-                                                                            int64_t w) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= w; j += 16) {
-        __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j)));
-        __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j + 8)));
-        a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(q + j), a0);
-        a1 = _mm256_fmadd_ps(x1, _mm256_loadu_ps(q + j + 8), a1);
-    }
-    if (j + 8 <= w) {
-        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
-        j += 8;
-    }
-    float s = hsum256(_mm256_add_ps(a0, a1));
-    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
-    return s;
-}
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LOAD_F32_AVX2(x, j) _mm256_loadu_ps((x) + (j))
+#define LOAD_F16_AVX2(x, j) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((x) + (j))))
+#define HSUM_AVX2(a0, a1) hsum256(_mm256_add_ps(a0, a1))
+DEFINE_ROW_DOT(row_dot32_avx2, AVX2, float, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
+               LOAD_F32_AVX2, HSUM_AVX2, AS_FLOAT)
+DEFINE_ROW_DOT(row_dot16_avx2, AVX2, uint16_t, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
+               LOAD_F16_AVX2, HSUM_AVX2, half_to_float)
 
-DEFINE_DOT_LOOP(dot32_avx2, __attribute__((target("avx2,fma,f16c"))), float, row_dot32_avx2)
-DEFINE_DOT_LOOP(dot16_avx2, __attribute__((target("avx2,fma,f16c"))), uint16_t, row_dot16_avx2)
+DEFINE_DOT_LOOP(dot32_avx2, AVX2, float, row_dot32_avx2)
+DEFINE_DOT_LOOP(dot16_avx2, AVX2, uint16_t, row_dot16_avx2)
 
 /* ---- AVX-512F: 16 lanes, two accumulators ---- */
-__attribute__((target("avx512f"))) static inline float row_dot32_avx512(const float *x, const float *q,
-                                                                        int64_t w) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 32 <= w; j += 32) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(q + j), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(q + j + 16), a1);
-    }
-    if (j + 16 <= w) {
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(q + j), a0);
-        j += 16;
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    for (; j < w; j++) s += x[j] * q[j];
-    return s;
-}
+#define AVX512 __attribute__((target("avx512f")))
+#define LOAD_F32_AVX512(x, j) _mm512_loadu_ps((x) + (j))
+#define LOAD_F16_AVX512(x, j) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((x) + (j))))
+#define HSUM_AVX512(a0, a1) _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+DEFINE_ROW_DOT(row_dot32_avx512, AVX512, float, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+               LOAD_F32_AVX512, HSUM_AVX512, AS_FLOAT)
+DEFINE_ROW_DOT(row_dot16_avx512, AVX512, uint16_t, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+               LOAD_F16_AVX512, HSUM_AVX512, half_to_float)
 
-__attribute__((target("avx512f"))) static inline float row_dot16_avx512(const uint16_t *x, const float *q,
-                                                                        int64_t w) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 32 <= w; j += 32) {
-        __m512 x0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j)));
-        __m512 x1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j + 16)));
-        a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q + j), a0);
-        a1 = _mm512_fmadd_ps(x1, _mm512_loadu_ps(q + j + 16), a1);
-    }
-    if (j + 16 <= w) {
-        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
-                             a0);
-        j += 16;
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    for (; j < w; j++) s += half_to_float(x[j]) * q[j];
-    return s;
-}
-
-DEFINE_DOT_LOOP(dot32_avx512, __attribute__((target("avx512f"))), float, row_dot32_avx512)
-DEFINE_DOT_LOOP(dot16_avx512, __attribute__((target("avx512f"))), uint16_t, row_dot16_avx512)
+DEFINE_DOT_LOOP(dot32_avx512, AVX512, float, row_dot32_avx512)
+DEFINE_DOT_LOOP(dot16_avx512, AVX512, uint16_t, row_dot16_avx512)
 #endif
 
 /* ---- pruning filters ----
@@ -226,10 +184,10 @@ typedef int64_t (*prune_fn)(const float *tl, int64_t n, float a, float c, float 
 
 static inline float min_f(float x, float y) { return y < x ? y : x; }
 
-static int64_t filter_generic(const float *ps, const float *t, int64_t nb, float a, float c, float b, float tau,
-                              int32_t row0, int32_t *rows, float *p) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < nb; i++) {
+/* The scalar bound, from element i on (the whole of the generic variants, the tail of the SIMD ones). */
+static inline int64_t filter_from(int64_t i, const float *ps, const float *t, int64_t nb, float a, float c, float b,
+                                  float tau, int32_t row0, int32_t *rows, float *p, int64_t n) {
+    for (; i < nb; i++) {
         const float v = ps[i];
         const float ub = (v + min_f(a * t[i], c)) + b;
         rows[n] = row0 + (int32_t)i;
@@ -239,10 +197,9 @@ static int64_t filter_generic(const float *ps, const float *t, int64_t nb, float
     return n;
 }
 
-static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows,
-                             float *p, float *rest) {
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
+static inline int64_t prune_from(int64_t i, const float *tl, int64_t n, float a, float c, float b, float tau,
+                                 int32_t *rows, float *p, float *rest, int64_t m) {
+    for (; i < n; i++) {
         const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
         rows[m] = rows[i];
         p[m] = p[i];
@@ -250,6 +207,16 @@ static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float
         m += ub >= tau;
     }
     return m;
+}
+
+static int64_t filter_generic(const float *ps, const float *t, int64_t nb, float a, float c, float b, float tau,
+                              int32_t row0, int32_t *rows, float *p) {
+    return filter_from(0, ps, t, nb, a, c, b, tau, row0, rows, p, 0);
+}
+
+static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float b, float tau, int32_t *rows,
+                             float *p, float *rest) {
+    return prune_from(0, tl, n, a, c, b, tau, rows, p, rest, 0);
 }
 
 #if LV_X86
@@ -281,14 +248,7 @@ __attribute__((target("avx2,fma,f16c"))) static int64_t filter_avx2(const float 
         n += __builtin_popcount((unsigned)m);
         vrow = _mm256_add_epi32(vrow, v8);
     }
-    for (; i < nb; i++) {
-        const float v = ps[i];
-        const float ub = (v + min_f(a * t[i], c)) + b;
-        rows[n] = row0 + (int32_t)i;
-        p[n] = v;
-        n += ub >= tau;
-    }
-    return n;
+    return filter_from(i, ps, t, nb, a, c, b, tau, row0, rows, p, n);
 }
 
 __attribute__((target("avx2,fma,f16c"))) static int64_t prune_avx2(const float *tl, int64_t n, float a, float c,
@@ -308,14 +268,7 @@ __attribute__((target("avx2,fma,f16c"))) static int64_t prune_avx2(const float *
         _mm256_storeu_ps(rest + m, _mm256_permutevar8x32_ps(r, perm));
         m += __builtin_popcount((unsigned)k);
     }
-    for (; i < n; i++) {
-        const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
-        rows[m] = rows[i];
-        p[m] = p[i];
-        rest[m] = rest[i];
-        m += ub >= tau;
-    }
-    return m;
+    return prune_from(i, tl, n, a, c, b, tau, rows, p, rest, m);
 }
 
 __attribute__((target("avx512f"))) static int64_t filter_avx512(const float *ps, const float *t, int64_t nb, float a,
@@ -335,14 +288,7 @@ __attribute__((target("avx512f"))) static int64_t filter_avx512(const float *ps,
         n += __builtin_popcount((unsigned)k);
         vrow = _mm512_add_epi32(vrow, v16);
     }
-    for (; i < nb; i++) {
-        const float v = ps[i];
-        const float ub = (v + min_f(a * t[i], c)) + b;
-        rows[n] = row0 + (int32_t)i;
-        p[n] = v;
-        n += ub >= tau;
-    }
-    return n;
+    return filter_from(i, ps, t, nb, a, c, b, tau, row0, rows, p, n);
 }
 
 __attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, int64_t n, float a, float c, float b,
@@ -360,14 +306,7 @@ __attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, 
         _mm512_storeu_ps(rest + m, _mm512_maskz_compress_ps(k, r));
         m += __builtin_popcount((unsigned)k);
     }
-    for (; i < n; i++) {
-        const float ub = (p[i] + min_f(a * tl[rows[i]], c)) + b;
-        rows[m] = rows[i];
-        p[m] = p[i];
-        rest[m] = rest[i];
-        m += ub >= tau;
-    }
-    return m;
+    return prune_from(i, tl, n, a, c, b, tau, rows, p, rest, m);
 }
 #endif
 
@@ -393,59 +332,37 @@ static void multi16_generic(const Multi16 *m, const int32_t *rows, int64_t start
 }
 
 #if LV_X86
-__attribute__((target("avx2,fma,f16c"))) static void multi16_avx2(const Multi16 *m, const int32_t *rows, int64_t start,
-                                                                  int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = rows ? rows[i] : start + i;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        float tail = 0.0f;
-        for (int l = 0; l < m->nl; l++) {
-            const uint16_t *x = m->X[l] + r * m->w[l];
-            const float *q = m->q[l];
-            const int64_t w = m->w[l];
-            int64_t j = 0;
-            for (; j + 16 <= w; j += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j + 8))),
-                                     _mm256_loadu_ps(q + j + 8), a1);
-            }
-            if (j + 8 <= w) {
-                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))), _mm256_loadu_ps(q + j), a0);
-                j += 8;
-            }
-            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
-        }
-        out[i] = hsum256(_mm256_add_ps(a0, a1)) + tail;
+/* The float16 leading levels as one accumulator across levels (one reduction a row, as the exact bound's
+ * float16 error term assumes). */
+#define DEFINE_MULTI16(NAME, TARGET, VEC, LANES, ZERO, FMA, LOADQ, LOAD, HSUM)                                   \
+    TARGET static void NAME(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out) {      \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            int64_t r = rows ? rows[i] : start + i;                                                             \
+            VEC a0 = ZERO(), a1 = ZERO();                                                                       \
+            float tail = 0.0f;                                                                                  \
+            for (int l = 0; l < m->nl; l++) {                                                                   \
+                const uint16_t *x = m->X[l] + r * m->w[l];                                                      \
+                const float *q = m->q[l];                                                                       \
+                const int64_t w = m->w[l];                                                                      \
+                int64_t j = 0;                                                                                  \
+                for (; j + 2 * (LANES) <= w; j += 2 * (LANES)) {                                                \
+                    a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                     \
+                    a1 = FMA(LOAD(x, j + (LANES)), LOADQ(q + j + (LANES)), a1);                                 \
+                }                                                                                               \
+                if (j + (LANES) <= w) {                                                                         \
+                    a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                     \
+                    j += (LANES);                                                                               \
+                }                                                                                               \
+                for (; j < w; j++) tail += half_to_float(x[j]) * q[j];                                          \
+            }                                                                                                   \
+            out[i] = HSUM(a0, a1) + tail;                                                                       \
+        }                                                                                                       \
     }
-}
 
-__attribute__((target("avx512f"))) static void multi16_avx512(const Multi16 *m, const int32_t *rows, int64_t start,
-                                                              int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = rows ? rows[i] : start + i;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        float tail = 0.0f;
-        for (int l = 0; l < m->nl; l++) {
-            const uint16_t *x = m->X[l] + r * m->w[l];
-            const float *q = m->q[l];
-            const int64_t w = m->w[l];
-            int64_t j = 0;
-            for (; j + 32 <= w; j += 32) {
-                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
-                                     a0);
-                a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j + 16))),
-                                     _mm512_loadu_ps(q + j + 16), a1);
-            }
-            if (j + 16 <= w) {
-                a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + j))), _mm512_loadu_ps(q + j),
-                                     a0);
-                j += 16;
-            }
-            for (; j < w; j++) tail += half_to_float(x[j]) * q[j];
-        }
-        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tail;
-    }
-}
+DEFINE_MULTI16(multi16_avx2, AVX2, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, LOAD_F16_AVX2,
+               HSUM_AVX2)
+DEFINE_MULTI16(multi16_avx512, AVX512, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+               LOAD_F16_AVX512, HSUM_AVX512)
 #endif
 
 static dot_fn DOT32 = dot32_generic, DOT16 = dot16_generic;

@@ -116,13 +116,22 @@ def test_health_ready_and_metrics(app_client):
     assert app_client.get("/healthz").json() == {"status": "ok"}
     ready = app_client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["documents"] == 5183
-    post(app_client, {"query": Q, "width": "auto", "policy": "router", "rho": 1.0})
+    def counter(name: str) -> float:
+        lines = [x for x in app_client.get("/metrics").text.splitlines() if x.startswith(name + " ")]
+        return float(lines[0].split()[1])
+
+    routed, escalated = counter("adawidth_routed_queries_total"), counter("adawidth_escalations_total")
+    # a client's own rho is not the version's: the escalation-drift ratio counts neither
+    assert post(app_client, {"query": Q, "width": "auto", "policy": "router", "rho": 1.0}).json()["trace"]["escalated"]
+    assert (counter("adawidth_routed_queries_total"), counter("adawidth_escalations_total")) == (routed, escalated)
+    trace = post(app_client, {"query": Q, "width": "auto", "policy": "router"}).json()["trace"]  # the default rho
+    assert counter("adawidth_routed_queries_total") == routed + 1
+    assert counter("adawidth_escalations_total") == escalated + int(trace["escalated"])
     text = app_client.get("/metrics").text
     for series in ("adawidth_search_stage_duration_seconds_bucket", "adawidth_search_width_coordinates_bucket",
-                   "adawidth_escalations_total", "adawidth_http_requests_total", "adawidth_live_version_info"):
+                   "adawidth_search_scan_share_ratio_bucket", "adawidth_http_requests_total",
+                   "adawidth_live_version_info"):
         assert series in text
-    esc = [line for line in text.splitlines() if line.startswith("adawidth_escalations_total ")]
-    assert float(esc[0].split()[1]) >= 1
 
 
 def test_unready_gateway_answers_503(tmp_path, encoder_dir):

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import engine.pipeline
+
 from tests.integration.conftest import GatedEncoder, post, wait_until
 
 pytestmark = pytest.mark.integration
@@ -71,13 +73,12 @@ def test_no_queue_means_busy_is_refused_at_once(make_gateway):
             assert running.result(timeout=120).status_code == 200
 
 
-def test_deadline_answers_503_and_stuck_work_keeps_its_slot(make_gateway):
+def test_deadline_answers_503_and_stuck_work_keeps_its_slot(make_gateway, monkeypatch):
     with make_gateway(max_concurrent_searches=1, max_queued_searches=4, search_deadline_s=0.3) as (client, state):
         enc = gate(state)
-        version = state.live
         searched = []
-        inner_search = version.search
-        version.search = lambda *a, **kw: searched.append(1) or inner_search(*a, **kw)
+        inner_stage1 = engine.pipeline.stage1  # the pipeline's stage-1 stage: every dense policy starts there
+        monkeypatch.setattr(engine.pipeline, "stage1", lambda *a, **kw: searched.append(1) or inner_stage1(*a, **kw))
         try:
             r = post(client, {"query": Q})  # held in the encoder past its deadline
             assert r.status_code == 503, r.text
