@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
-NAMES = {"/v1/search auto", "/v1/search auto+rho", "/v1/search default", "/v1/search fixed width",
+NAMES = {"/v1/search auto", "/v1/search router+rho", "/v1/search default", "/v1/search fixed width",
          "/v1/search full", "/v1/search invalid (4xx expected)"}
 
 
