@@ -259,14 +259,16 @@ class LoadGenerator:
             self.outcomes.append(o)
 
 
-def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dict[str, Path], encoder) -> int:
+def check_offline(outcomes: list[Outcome], queries: list[str], version_dirs: dict[str, Path], encoder,
+                  stage1=None) -> int:
     """Assert every answer equals what its version returns offline for that query; returns the pairs checked.
 
     The offline answer is :meth:`engine.pipeline.Pipeline.search` of ``IndexVersion.load(dir)`` with the same
-    request fields, the query embedded by ``encoder``.
+    request fields, the query embedded by ``encoder``; ``stage1``: the gateways' stage-1 provider (None: faiss in
+    process), so the offline version serves the policies theirs serve.
     """
     pipe = Pipeline()
-    loaded = {v: IndexVersion.load(p) for v, p in version_dirs.items()}
+    loaded = {v: IndexVersion.load(p, stage1=stage1) for v, p in version_dirs.items()}
     emb = {}
     expected = {}
     for o in outcomes:

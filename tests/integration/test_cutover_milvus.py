@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from engine.encoder import OnnxEncoder
+from engine.stage1 import Stage1Provider
 from engine.io.beir import load_collection
 from engine.registry.redis_store import RedisRegistry
 from engine.version.milvus import milvus_collection_name
@@ -131,8 +132,13 @@ def test_promote_and_rollback_under_load_with_stage1_on_milvus(cluster, queries,
     after_rollback = [o.version for o in outs if o.started_at > state["updated_at"] + t_rollback]
     assert len(after_promote) > 50 and set(after_promote) == {v2}
     assert len(after_rollback) > 50 and set(after_rollback) == {v1}
-    # every answer equals the faiss backend's offline answer of the version in its trace
-    pairs = check_offline(outs, queries, cluster["dirs"], local_encoder)
+    # every answer equals the offline answer of the version in its trace, loaded on the same Milvus stage 1
+    # (a Milvus-backed version has no in-process level scan: its 'auto' is the router, its 'full' Milvus's scan)
+    provider = Stage1Provider("milvus", cluster["milvus"].uri)
+    try:
+        pairs = check_offline(outs, queries, cluster["dirs"], local_encoder, stage1=provider)
+    finally:
+        provider.close()
     for g in gws:
         assert metric(g.url, "adawidth_cutovers_total", collection="scifact") == 1
         assert metric(g.url, "adawidth_rollbacks_total", collection="scifact") == 1
