@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from adawidth_client import Client, ClientError
 from bench.common import ROOT
 from bench.demo import free_port, start_gateway, wait_ready  # the demo's gateway launcher
 

@@ -254,9 +254,12 @@ def search_request_schema(settings) -> dict:
 
 
 def batch_request_schema(settings) -> dict:
-    """JSON schema of the batch body with this gateway's limits: ``queries`` of 1..``max_batch`` search bodies
-    (:func:`search_request_schema` each)."""
-    item = search_request_schema(settings)
+    """JSON schema of the batch body with this gateway's limits: ``queries`` of 1..``max_batch`` items, each a
+    search body (:func:`search_request_schema`) checked per slot."""
+    # an item is validated on its own and a bad one is answered in its slot (200), so the schema types the
+    # envelope only: declaring the items as SearchRequest would promise a 4xx the batch never gives
+    item = {"description": "A search body (SearchRequest: " + ", ".join(search_request_schema(settings)["properties"])
+            + "); an invalid one is answered in its slot with its error."}
     schema = BatchSearchRequest.model_json_schema()
     schema["properties"]["queries"] = {"type": "array", "items": item, "minItems": 1, "maxItems": settings.max_batch,
                                        "title": "Queries",

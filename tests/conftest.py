@@ -20,6 +20,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
 
 from engine.encoder import OnnxEncoder
 from engine.pipeline import Pipeline, Result
@@ -61,7 +63,15 @@ def build_home(home: Path, encoder_dir: Path, encoder, **options) -> Path:
     and link the encoder there, so a gateway can serve the home.  ``options`` override BuildOptions."""
     settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
                                embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
-    build_index(BuildOptions(dataset=SCIFACT, **options), settings, encoder)
+    # one torch / BLAS / OpenMP thread, as `make index` builds (BUILD_THREADS=1): the adapter's training is not
+    # bit-reproducible across thread counts, and with 2 threads on 2 shared cores it runs 7x slower
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            build_index(BuildOptions(dataset=SCIFACT, **options), settings, encoder)
+    finally:
+        torch.set_num_threads(torch_threads)
     (home / "models").mkdir(exist_ok=True)
     os.symlink(encoder_dir, home / "models" / "minilm-onnx")
     return home

@@ -36,14 +36,13 @@ from adawidth.levels import LevelStore
 from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
-from adawidth.funnel import resolve
 from adawidth.metrics import ranking_metric
 from adawidth.rotation import orthogonality_error, pca_rotation
 from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from adawidth.tiers import RERANK_DEPTH
 from engine.home import home_defaults
 from engine.index import IndexVersion, Router
-from engine.pipeline import Pipeline
+from engine.pipeline import Pipeline, capabilities
 from engine.plan import SearchSpec
 from engine.recall import RecallPolicy
 from engine.io.beir import Collection, available_splits, load_collection, load_qrels
@@ -166,34 +165,27 @@ def dataset_fingerprint(folder: Path | str) -> str:
 
 
 def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, R: np.ndarray, doc_ids: list[str],
-                         funnel: Funnel, routers: dict, name: str) -> dict:
+                         version: IndexVersion, texts: list[str], name: str) -> dict:
     """Capacity report of the served rotation on the evaluation queries, with the online-CUS baseline.
 
-    The baseline is the share of evaluation queries whose top-1 under the served
-    ``auto`` policy (stage 1 at m0, the default action pair and ρ, the same
-    :func:`adawidth.funnel.resolve` the gateway runs) equals the exact full-width
-    top-1: the value the gateway's online label-free CUS should reproduce on
-    traffic like the evaluation queries (``adawidth_online_cus_baseline_ratio``).
+    The baseline is the share of evaluation queries whose top-1 under the version's default ``auto`` policy
+    (the plain request ``{"query", "k"}`` through the gateway's pipeline on ``version``, the version being
+    built) equals the exhaustive full-width top-1: the value the gateway's online label-free CUS should
+    reproduce on traffic like the evaluation queries (``adawidth_online_cus_baseline_ratio``).  Absent when
+    the version serves no ``auto`` policy.
     """
     q_rot = np.ascontiguousarray(test.emb @ R.T, dtype=np.float32)
     cap_opts = CapacityOptions(**{"r_floor": opts.m0, "seed": opts.seed, **opts.capacity_options})
     report = capacity_report(q_rot, X_rot, test.judgments, doc_ids, test.ids, cap_opts)
     report["meta"] = {"collection": name, "rotation": opts.rotation, "split": opts.eval_split,
                       "dataset": str(opts.dataset)}
-    pair = tuple(opts.default_pair)
-    if pair in routers:
-        fit = routers[pair]
-        thr = threshold_for_rate(fit.oof_predictions, opts.default_rho)
-        rows, scores = funnel.stage1(q_rot)
+    default = capabilities(version).default_policy
+    if default is not None:
+        served = Pipeline().search(version, [SearchSpec(query=t, k=10) for t in texts], embeddings=test.emb)
         full_top1 = np.argmax(X_rot @ q_rot.T, axis=0)
-        agree = []
-        for i in range(q_rot.shape[0]):
-            res = resolve(q_rot[i], funnel.docs, funnel.doc_sqnorm_m0, rows[i], scores[i], m0=opts.m0, k=1,
-                          width=None, action_pair=pair, threshold=thr,
-                          predict_gain=lambda f: float(fit.booster.predict(f[None, :])[0]))
-            agree.append(int(res.rows[0]) == int(full_top1[i]))
+        agree = [len(r.rows) > 0 and int(r.rows[0]) == int(full_top1[i]) for i, r in enumerate(served)]
         report["online_cus_baseline"] = {"agreement": float(np.mean(agree)), "queries": len(agree),
-                                         "policy": f"auto {pair[0]}/{pair[1]} rho={opts.default_rho}"}
+                                         "policy": f"auto: {default}"}
     return report
 
 
@@ -527,14 +519,15 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
             subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
         else:
             ctx.evaluation.pop("_unseen")
-        ctx.evaluation["served"] = served_evaluation(served_version(ctx), ctx.test, texts, subsets)
+        version = served_version(ctx)
+        ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets)
         if ctx.policy is not None:
             ctx.evaluation["stage1_policy"] = _evaluate_policy(opts, ctx.policy, ctx.X_rot, ctx.R, ctx.doc_ids,
                                                                ctx.test, ctx.train_qrels)
     if opts.capacity:
         with ctx.timer("capacity report"):
-            ctx.capacity = capacity_for_version(opts, ctx.test, ctx.X_rot, ctx.R, ctx.doc_ids, ctx.funnel,
-                                                ctx.routers, ctx.name)
+            ctx.capacity = capacity_for_version(opts, ctx.test, ctx.X_rot, ctx.R, ctx.doc_ids, version, texts,
+                                                ctx.name)
 
 
 def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:

@@ -39,7 +39,8 @@ def test_scifact_version_carries_its_capacity_report(scifact_version):
     fit = cap["scaling_fit"]
     assert fit["b_positive"] and fit["c_negative"] and fit["r2_mean"] > 0.8  # measured 0.849 (001: 0.905-0.973)
     base = cap["online_cus_baseline"]
-    assert base["queries"] == 300 and 0.2 < base["agreement"] < 1.0
+    # the default 'auto' is the declared recall 0.99 now: its top-1 is (nearly always) the full-width top-1
+    assert base["queries"] == 300 and base["policy"] == "auto: recall" and 0.95 <= base["agreement"] <= 1.0
     report = json.loads((scifact_version / "capacity.json").read_text())
     pq = report["per_query"]
     assert len(pq["query_ids"]) == 300 and sum(pq["failure"]) == report["failure_prediction"]["failures"]
@@ -77,7 +78,8 @@ def test_limit_small_comes_out_moderate_with_a_cliff_below_dstar(limit_small_ver
     assert nd[8] < 0.8 * nd[384] and nd[16] < nd[384]
     lab = dict(zip(cap["cus_by_width"]["widths"], cap["cus_by_width"]["labelled"]))
     assert lab[8] < lab[384] == 1.0
-    assert "online_cus_baseline" not in cap  # no train split: no router, no served auto policy to baseline
+    # no train split: no router, but the declared-recall default (calibrated on pseudo-queries) is baselined
+    assert cap["online_cus_baseline"]["policy"] == "auto: recall" and cap["online_cus_baseline"]["queries"] == 1000
     report = json.loads((path / "capacity.json").read_text())
     assert report["cliff"]["recall@100_trivial"] is True
     assert np.isfinite(report["scaling"]["fit"]["r2_mean"])

@@ -1,4 +1,5 @@
-"""The per-query funnel policy end to end on SciFact: trained by the trainer, served as width "auto".
+"""The per-query funnel policy end to end on SciFact: trained by the trainer, served as policy "funnel"
+(width "auto"; the default "auto" is the declared recall).
 
 The version uses the PCA rotation (label-free, so no adapter training) and the policy's label-free
 agreement target; its build evaluates the served policy on the 300 SciFact test queries.
@@ -56,13 +57,13 @@ def test_the_build_records_the_policy_and_its_quality_on_unseen_test_queries(fun
     assert ev["mean_work"] < 5183 * 64 + 500 * (384 - 64)
 
 
-def test_auto_is_served_by_the_funnel_policy_and_the_trace_counts_its_work(client, funnel_home, encoder):
+def test_the_funnel_policy_is_served_by_name_and_the_trace_counts_its_work(client, funnel_home, encoder):
     version = IndexVersion.load(resolve_version_path(funnel_home / "indexes", "scifact", None))
     fp = version.funnel_policy
     grid = {(c.m1, c.shortlist, c.rescore_width) for c in sp.default_grid()}
     seen = set()
     for text in QUERIES:
-        r = client.post("/v1/search", json={"query": text, "k": 10, "width": "auto"})
+        r = client.post("/v1/search", json={"query": text, "k": 10, "width": "auto", "policy": "funnel"})
         assert r.status_code == 200
         t = r.json()["trace"]
         assert t["policy"] == "funnel"
@@ -84,11 +85,16 @@ def test_the_width_router_is_named_and_fixed_widths_are_unchanged(client):
     t = client.post("/v1/search", json={"query": QUERIES[0], "width": 96}).json()["trace"]
     assert (t["policy"], t["width"], t["stage1_width"], t["shortlist"]) == ("fixed", 96, 64, 500)
     t = client.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()["trace"]
-    assert (t["policy"], t["stage1_work"], t["rescoring_work"]) == ("exact", 5183 * 384, 0)
+    # the certified level scan: exactly the exhaustive top-10, for a fraction of the 5183 x 384 coordinates
+    assert t["policy"] == "exact" and t["certified"] and t["coordinates_scored"] < 5183 * 384
+    assert t["coordinates_scored"] == t["stage1_work"] + t["rescoring_work"]
+    # a version's default 'auto' is the declared recall, whatever other policies it was built with
+    t = client.post("/v1/search", json={"query": QUERIES[0]}).json()["trace"]
+    assert (t["policy"], t["recall_target"]) == ("recall", 0.99)
 
 
 def test_work_per_stage_is_a_prometheus_histogram(client):
-    client.post("/v1/search", json={"query": QUERIES[1], "width": "auto"})
+    client.post("/v1/search", json={"query": QUERIES[1], "width": "auto", "policy": "funnel"})
     text = client.get("/metrics").text
     for stage in ("stage1", "rescoring"):
         line = next(x for x in text.splitlines()
@@ -120,6 +126,6 @@ def test_only_router_queries_at_the_default_rho_feed_the_escalation_drift_ratio(
         return vals
 
     before = counters()
-    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto"})              # funnel
+    client.post("/v1/search", json={"query": QUERIES[2], "width": "auto"})              # the default, recall
     client.post("/v1/search", json={"query": QUERIES[2], "width": "auto", "policy": "router", "rho": 1.0})  # client rho
     assert counters() == before

@@ -74,8 +74,11 @@ def make_degraded_version(good: os.PathLike, home) -> str:
         writers[meta.file] = (lambda src: (lambda p: p.write_bytes(src.read_bytes())))(good / meta.file)
     # a dense-only copy: the lexical lane's and the rerank tiers' files are not copied, so the manifest must not
     # announce them
+    # nor the level store and recall policy (the degraded version serves 'auto' by the router, as the copy's
+    # routers were fitted on the good rotation's scores)
     manifest = good_manifest.model_dump(mode="json", exclude={"files", "schema_version", "version", "lexical",
-                                                               "rerank", "tiers"})
+                                                               "rerank", "tiers", "levels", "recall_policy",
+                                                               "policy"})
     manifest["adapter"] = dict(manifest["adapter"], kind="degraded: PCA rotation with coordinates reversed")
     version = "99991231T000000Z-degraded"
     write_version(home / "indexes" / "scifact", version, writers, manifest)
