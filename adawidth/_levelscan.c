@@ -122,20 +122,27 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The two-accumulator FMA loop over w elements from j: whole pairs of vectors, then one more vector when it
+ * fits; leaves j at the first element not yet accumulated (the caller adds the scalar tail). */
+#define SIMD_ACCUMULATE(LANES, FMA, LOADQ, LOAD, x, q, w, j, a0, a1)                                             \
+    do {                                                                                                        \
+        for (; (j) + 2 * (LANES) <= (w); (j) += 2 * (LANES)) {                                                  \
+            a0 = FMA(LOAD(x, j), LOADQ((q) + (j)), a0);                                                         \
+            a1 = FMA(LOAD(x, (j) + (LANES)), LOADQ((q) + (j) + (LANES)), a1);                                   \
+        }                                                                                                       \
+        if ((j) + (LANES) <= (w)) {                                                                             \
+            a0 = FMA(LOAD(x, j), LOADQ((q) + (j)), a0);                                                         \
+            (j) += (LANES);                                                                                     \
+        }                                                                                                       \
+    } while (0)
+
 /* One SIMD row kernel a width: LANES lanes, two accumulators, a fixed reduction order.  LOAD(x, j) loads
  * LANES elements of the row as floats (float32 as is, float16 converted); SCALAR(v) converts one element. */
 #define DEFINE_ROW_DOT(NAME, TARGET, T, VEC, LANES, ZERO, FMA, LOADQ, LOAD, HSUM, SCALAR)                        \
     TARGET static inline float NAME(const T *x, const float *q, int64_t w) {                                    \
         VEC a0 = ZERO(), a1 = ZERO();                                                                           \
         int64_t j = 0;                                                                                          \
-        for (; j + 2 * (LANES) <= w; j += 2 * (LANES)) {                                                        \
-            a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                             \
-            a1 = FMA(LOAD(x, j + (LANES)), LOADQ(q + j + (LANES)), a1);                                         \
-        }                                                                                                       \
-        if (j + (LANES) <= w) {                                                                                 \
-            a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                             \
-            j += (LANES);                                                                                       \
-        }                                                                                                       \
+        SIMD_ACCUMULATE(LANES, FMA, LOADQ, LOAD, x, q, w, j, a0, a1);                                           \
         float s = HSUM(a0, a1);                                                                                 \
         for (; j < w; j++) s += SCALAR(x[j]) * q[j];                                                            \
         return s;                                                                                               \
@@ -145,26 +152,23 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum256(__m256 v) {
 #define LOAD_F32_AVX2(x, j) _mm256_loadu_ps((x) + (j))
 #define LOAD_F16_AVX2(x, j) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((x) + (j))))
 #define HSUM_AVX2(a0, a1) hsum256(_mm256_add_ps(a0, a1))
-DEFINE_ROW_DOT(row_dot32_avx2, AVX2, float, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-               LOAD_F32_AVX2, HSUM_AVX2, AS_FLOAT)
-DEFINE_ROW_DOT(row_dot16_avx2, AVX2, uint16_t, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps,
-               LOAD_F16_AVX2, HSUM_AVX2, half_to_float)
+/* The four kernels of one instruction set: the float32 and float16 row dots and their loops over rows. */
+#define DEFINE_ISA(ISA, TARGET, VEC, LANES, ZERO, FMA, LOADQ, LOAD32, LOAD16, HSUM)                               \
+    DEFINE_ROW_DOT(row_dot32_##ISA, TARGET, float, VEC, LANES, ZERO, FMA, LOADQ, LOAD32, HSUM, AS_FLOAT)         \
+    DEFINE_ROW_DOT(row_dot16_##ISA, TARGET, uint16_t, VEC, LANES, ZERO, FMA, LOADQ, LOAD16, HSUM, half_to_float) \
+    DEFINE_DOT_LOOP(dot32_##ISA, TARGET, float, row_dot32_##ISA)                                                 \
+    DEFINE_DOT_LOOP(dot16_##ISA, TARGET, uint16_t, row_dot16_##ISA)
 
-DEFINE_DOT_LOOP(dot32_avx2, AVX2, float, row_dot32_avx2)
-DEFINE_DOT_LOOP(dot16_avx2, AVX2, uint16_t, row_dot16_avx2)
+DEFINE_ISA(avx2, AVX2, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, LOAD_F32_AVX2, LOAD_F16_AVX2,
+           HSUM_AVX2)
 
 /* ---- AVX-512F: 16 lanes, two accumulators ---- */
 #define AVX512 __attribute__((target("avx512f")))
 #define LOAD_F32_AVX512(x, j) _mm512_loadu_ps((x) + (j))
 #define LOAD_F16_AVX512(x, j) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((x) + (j))))
 #define HSUM_AVX512(a0, a1) _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
-DEFINE_ROW_DOT(row_dot32_avx512, AVX512, float, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-               LOAD_F32_AVX512, HSUM_AVX512, AS_FLOAT)
-DEFINE_ROW_DOT(row_dot16_avx512, AVX512, uint16_t, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-               LOAD_F16_AVX512, HSUM_AVX512, half_to_float)
-
-DEFINE_DOT_LOOP(dot32_avx512, AVX512, float, row_dot32_avx512)
-DEFINE_DOT_LOOP(dot16_avx512, AVX512, uint16_t, row_dot16_avx512)
+DEFINE_ISA(avx512, AVX512, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, LOAD_F32_AVX512,
+           LOAD_F16_AVX512, HSUM_AVX512)
 #endif
 
 /* ---- pruning filters ----
@@ -345,14 +349,7 @@ static void multi16_generic(const Multi16 *m, const int32_t *rows, int64_t start
                 const float *q = m->q[l];                                                                       \
                 const int64_t w = m->w[l];                                                                      \
                 int64_t j = 0;                                                                                  \
-                for (; j + 2 * (LANES) <= w; j += 2 * (LANES)) {                                                \
-                    a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                     \
-                    a1 = FMA(LOAD(x, j + (LANES)), LOADQ(q + j + (LANES)), a1);                                 \
-                }                                                                                               \
-                if (j + (LANES) <= w) {                                                                         \
-                    a0 = FMA(LOAD(x, j), LOADQ(q + j), a0);                                                     \
-                    j += (LANES);                                                                               \
-                }                                                                                               \
+                SIMD_ACCUMULATE(LANES, FMA, LOADQ, LOAD, x, q, w, j, a0, a1);                                   \
                 for (; j < w; j++) tail += half_to_float(x[j]) * q[j];                                          \
             }                                                                                                   \
             out[i] = HSUM(a0, a1) + tail;                                                                       \

@@ -59,6 +59,7 @@ and stopping level.  A state is not modified by :func:`finish`, so it can be fin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -245,6 +246,8 @@ class LevelStore:
         self._inv_rms_tail = np.where(self.rms_tail > 0, 1.0 / np.where(self.rms_tail > 0, self.rms_tail, 1.0), 0.0)
         # (D, L + 1) suffix indicator: column l sums coordinates j >= b_l (one product per query profile)
         self._suffix = (np.arange(layout.D)[:, None] >= self._bounds[None, :]).astype(np.float64)
+        self._all_rows = np.array([[0, N]], dtype=np.int64)  # the default ranges: every row (read-only)
+        self._all_rows.flags.writeable = False
 
     @property
     def N(self) -> int:
@@ -519,7 +522,8 @@ def _validate_query(store: LevelStore, query) -> np.ndarray:
     if q.dtype.kind not in "fiu":
         raise ValueError(f"query must be numeric (float or integer), got dtype {q.dtype}")
     q = np.ascontiguousarray(q, dtype=np.float32)
-    if not np.isfinite(q.sum(dtype=np.float64)) or not np.all(np.isfinite(q)):
+    # a float64 sum of float32 values cannot overflow, so it is finite exactly when every value is
+    if not math.isfinite(q.sum(dtype=np.float64)):
         raise ValueError("query has non-finite values")
     return q
 
@@ -535,7 +539,7 @@ def _validate_allowed(store: LevelStore, allowed) -> np.ndarray | None:
 
 def _validate_ranges(store: LevelStore, ranges) -> np.ndarray:
     if ranges is None:
-        return np.array([[0, store.N]], dtype=np.int64)
+        return store._all_rows
     r = np.asarray(ranges)
     if r.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
@@ -608,7 +612,7 @@ def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, thread
     n_seed = default_seeds(k) if seeds is None else _validate_int(seeds, "seeds", 0)
     allowed = _validate_allowed(store, allowed)
     ranges = _validate_ranges(store, ranges)
-    P = int((ranges[:, 1] - ranges[:, 0]).sum())
+    P = store.N if ranges is store._all_rows else int((ranges[:, 1] - ranges[:, 0]).sum())
     n_seed = min(n_seed, P)
     p_scan = np.empty(P, dtype=np.float32)
     seed_rows = np.empty(n_seed, dtype=np.int64)

@@ -143,36 +143,43 @@ class Pipeline:
 
     def _one(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check,
              extra: np.ndarray | None) -> Result:
-        t0 = time.perf_counter()
+        clock = time.perf_counter
+        t0 = clock()
         timings: dict[str, float] = {}
         if embedding is not None and self.encoder is not None:
             timings["encode"] = t_encode
-
-        def timed(name, fn, *args):
-            s = time.perf_counter()
-            out = fn(*args)
-            timings[name] = timings.get(name, 0.0) + time.perf_counter() - s
-            return out
-
-        allowed = timed("stage1", allowed_mask, plan, version)
+        allowed = allowed_mask(plan, version)
         if extra is not None:
             allowed = extra if allowed is None else allowed & extra
         c = None
         if plan.dense:
-            q = timed("rotate", rotate, plan, version, embedding)
-            c = timed("stage1", stage1, plan, version, q, allowed)
+            t1 = clock()
+            q = rotate(plan, version, embedding)
+            t2 = clock()
+            c = stage1(plan, version, q, allowed)
+            t3 = clock()
             check()
-            c = timed("route", route, plan, version, c)
-            c = timed("rescore", rescore, plan, version, q, c)
+            t4 = clock()
+            c = route(plan, version, c)
+            t5 = clock()
+            c = rescore(plan, version, q, c)
+            t6 = clock()
+            timings.update(stage1=t1 - t0 + t3 - t2, rotate=t2 - t1, route=t5 - t4, rescore=t6 - t5)
             check()
+        else:
+            t6 = clock()
+            timings["stage1"] = t6 - t0  # the allowed set
         tier, predicted = served_tier(plan, version, embedding, capabilities(version, self.rerankers).tiers
                                       if plan.tier == "auto" else frozenset())
-        keep = plan.k if tier == "mips" else max(plan.k, RERANK_DEPTH)
         if plan.mode != "dense":
-            c = timed("fuse", fuse, plan, version, embedding, allowed, c, keep)
-        c = timed("rerank", rerank, plan, version, c, tier, self.rerankers)
+            keep = plan.k if tier == "mips" else max(plan.k, RERANK_DEPTH)
+            t6 = clock()
+            c = fuse(plan, version, embedding, allowed, c, keep)
+            timings["fuse"] = clock() - t6
+        t7 = clock()
+        c = rerank(plan, version, c, tier, self.rerankers)
+        timings["rerank"] = clock() - t7
         c.trace.update(tier=tier, tier_predicted=predicted)
-        timings["total"] = time.perf_counter() - t0 + timings.get("encode", 0.0)
+        timings["total"] = clock() - t0 + timings.get("encode", 0.0)
         return render(plan, version, c, allowed_documents=None if allowed is None else int(allowed.sum()),
                       embedding=embedding if plan.dense else None, timings=timings)
-

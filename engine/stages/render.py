@@ -52,4 +52,5 @@ def render(plan: Plan, version, c: Candidates, *, allowed_documents: int | None,
         "reranked": int(t.get("reranked", 0)), "timings_seconds": timings,
     }
     rows = np.asarray(c.rows, np.int64)
-    return Result(rows, [version.doc_ids[r] for r in rows], np.asarray(c.scores, np.float64), trace, embedding)
+    doc_ids = version.doc_ids
+    return Result(rows, [doc_ids[r] for r in rows.tolist()], np.asarray(c.scores, np.float64), trace, embedding)

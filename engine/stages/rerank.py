@@ -35,10 +35,10 @@ def rerank(plan: Plan, version, c: Candidates, tier: str, rerankers: dict) -> Ca
         tier: the serving tier (:func:`served_tier`).
         rerankers: ``{"maxsim": MaxSimScorer, "cross_encoder": CrossEncoderScorer}`` (the ones loaded).
     """
-    if tier == "mips":
-        out = c.ranked(c.rows[:plan.k], c.scores[:plan.k])
-        out.trace["reranked"] = 0
-        return out
+    if tier == "mips":  # keep the ranking: cut it to k in place (the last stage; nothing reads c after it)
+        c.rows, c.scores, c.state = c.rows[:plan.k], c.scores[:plan.k], None
+        c.trace["reranked"] = 0
+        return c
     rows = [int(r) for r in c.rows[:RERANK_DEPTH]]
     texts = [version.texts[r] for r in rows]
     if tier == "maxsim":

@@ -66,9 +66,15 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
         return c
     if plan.policy in ("exact", "recall"):
-        state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads)
+        # the exact bound reads its measured number of leading levels for every document before it prunes
+        # (adawidth.levels.LevelLayout.exact_first_levels, as levels.search does); the recall policy's evidence
+        # (the z-grid survivor counts) is taken after the first level
+        exact = plan.policy == "exact"
+        state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads,
+                             first_levels=version.levels.layout.exact_first_levels if exact else 1,
+                             evidence=not exact)
         c.state = state
-        c.width = version.levels.layout.bounds[1]
+        c.width = version.levels.layout.bounds[state.first_levels]
         c.work["stage1"] = int(state.coordinates)
         c.trace.update(policy=plan.policy, stage1_width=c.width, shortlist=int(state.scanned))
         return c
