@@ -39,10 +39,15 @@ def encoder_text(doc: dict) -> str:
     return Document(doc["id"], doc.get("title") or "", doc["text"]).encoder_text()
 
 
-def folded_seq(version) -> int:
-    """The last write sequence number folded into ``version`` (0 for a version built from a corpus alone)."""
-    writes = getattr(getattr(version, "manifest", None), "writes", None)
+def manifest_folded_seq(manifest) -> int:
+    """The last write sequence number a version's manifest says it folded (0: built from a corpus alone)."""
+    writes = getattr(manifest, "writes", None)
     return int(getattr(writes, "folded_seq", 0) or 0)
+
+
+def folded_seq(version) -> int:
+    """The last write sequence number folded into ``version`` (an :class:`engine.index.IndexVersion`)."""
+    return manifest_folded_seq(getattr(version, "manifest", None))
 
 
 class LiveCollection:
