@@ -244,6 +244,8 @@ class LiveDocuments:
         if encoder is None:
             return
         for name, versions in list(self.state.collections.items()):
+            if name in self.live:  # opened already (a second load of the same state)
+                continue
             try:
                 live = LiveCollection(name, FileWriteLog(self.wal_dir(name)), encoder.dimension, encoder.encode)
                 base = folded_seq(versions.live) if versions.live is not None else 0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from adawidth_client import Client, ServerExited
 from engine.io.beir import load_corpus, load_qrels, load_queries
@@ -287,6 +288,46 @@ def test_an_unknown_collection_is_404_on_every_write_route(gateway):
               gateway.get("/v1/collections/nope/documents/a", headers=AUTH),
               gateway.get("/v1/collections/nope/writes", headers=AUTH)):
         assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_collection")
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(allow_nan=True),
+                   st.text(max_size=20))
+_json = st.recursive(_scalar, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c,
+                                                                                             max_size=4)),
+                     max_leaves=12)
+_doc = st.fixed_dictionaries({"id": st.one_of(st.text(max_size=8), _json), "text": st.one_of(st.text(max_size=30), _json)},
+                             optional={"title": st.one_of(st.text(max_size=10), _json), "x": _json,
+                                       "fields": st.one_of(st.dictionaries(st.text(max_size=5), _json, max_size=3),
+                                                           _json)})
+
+
+def test_generated_writes_get_a_4xx_and_write_nothing_or_a_202_and_one_record(gateway):
+    """Hypothesis bodies (documents of any JSON shape, as JSON or NDJSON, and as delete bodies): never a 5xx;
+    a refused write leaves /writes as it was, an accepted one adds exactly one record."""
+    seen = set()
+
+    @settings(max_examples=120, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(body=st.one_of(st.lists(_doc, max_size=4), _json), ndjson=st.booleans())
+    def check(body, ndjson):
+        before = writes(gateway)
+        if ndjson and isinstance(body, list):
+            r = gateway.put(f"{C}/documents", content="\n".join(json.dumps(x) for x in body),
+                            headers={**AUTH, "content-type": "application/x-ndjson"})
+        else:
+            r = put(gateway, body)
+        seen.add(r.status_code)
+        assert r.status_code in (202, 400, 413, 422), r.text
+        after = writes(gateway)
+        assert after["last_accepted_seq"] == before["last_accepted_seq"] + (r.status_code == 202)
+        if r.status_code != 202:
+            assert after == before
+        r = gateway.post(f"{C}/documents/delete", content=json.dumps({"ids": body}),
+                         headers={**AUTH, "content-type": "application/json"})
+        assert r.status_code in (202, 400, 413, 422), r.text
+
+    check()
+    assert {202, 422} <= seen
 
 
 def test_every_acknowledged_write_survives_kill_9_during_a_burst(pristine_home, tmp_path, claims):
