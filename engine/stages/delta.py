@@ -13,7 +13,8 @@ overrides (deleted or upserted again) and still hold k of them.  This stage then
 Delta documents are added only to dense searches on tier ``mips`` with nothing restricting them (no filter,
 access policy or phrase): lexical, hybrid and reranked scores are on other scales, and the segment keeps no
 lexical or field index yet, so a delta document is dense-only and unrestricted-only until it is folded into a
-version.  The mask (deletes and overrides) applies to every mode.
+version.  On a CARS version (documents stored through a doc map) delta documents are not added at all yet.
+The mask (deletes and overrides) applies to every mode.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from engine.plan import Plan
 from engine.stages.render import Result
 
 
-def delta_applies(plan: Plan, result: Result) -> bool:
-    """True when ``plan``'s search takes delta documents (dense, tier ``mips``, unrestricted, embedded)."""
+def delta_applies(plan: Plan, result: Result, version=None) -> bool:
+    """True when ``plan``'s search takes delta documents (dense, tier ``mips``, unrestricted, embedded) on
+    ``version`` (not a CARS version: its documents went through a doc map the segment does not apply yet)."""
+    cars = getattr(getattr(version, "manifest", None), "cars", None)
     return (plan.mode == "dense" and not plan.restricted and result.embedding is not None
-            and result.trace.get("tier", "mips") == "mips")
+            and result.trace.get("tier", "mips") == "mips" and cars is None)
 
 
 def delta_scores(version, snapshot: DeltaSnapshot, embedding: np.ndarray, width: int) -> np.ndarray:
@@ -71,7 +74,7 @@ def merge_delta(plan: Plan, version, result: Result, snapshot: DeltaSnapshot) ->
         return result
     trace = dict(result.trace)
     masked = snapshot.allowed(version) is not None
-    if not delta_applies(plan, result) or not snapshot.ids:
+    if not delta_applies(plan, result, version) or not snapshot.ids:
         trace["delta"] = {"documents": len(snapshot.ids), "returned": 0, "masked": masked}
         return Result(result.rows, result.ids, result.scores, trace, None)
     width = int(trace.get("width") or version.dimension)

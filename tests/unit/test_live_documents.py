@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,8 @@ from engine.index import IndexVersion
 from engine.live import DegenerateDocument, LiveCollection
 from engine.pipeline import Pipeline, capabilities
 from engine.plan import PlanDefaults, SearchSpec, resolve_plan
-from engine.stages.delta import merge_delta
+from engine.stages.delta import delta_applies, merge_delta
+from engine.stages.render import Result
 from engine.wal import FileWriteLog, WalCorrupt, WalLocked, decode_record, encode_record
 
 
@@ -161,3 +164,15 @@ def test_the_merge_is_the_exact_top_k_of_the_masked_version_and_the_delta(width)
     ref = sorted(docs, key=lambda i: -score(docs[i]))[:10]
     assert merged.ids == ref
     assert np.allclose(merged.scores, [score(docs[i]) for i in ref], atol=1e-5)
+
+
+def test_restricted_lexical_and_cars_searches_take_no_delta_documents():
+    res = Result(np.zeros(0, np.int64), [], np.zeros(0), {"tier": "mips"}, np.ones(4, np.float32))
+    plain = SimpleNamespace(manifest=SimpleNamespace(cars=None))
+    cars = SimpleNamespace(manifest=SimpleNamespace(cars={"kind": "shared"}))
+    dense = resolve_plan(SearchSpec(query="q", k=3, width="full"), PlanDefaults(),
+                         capabilities(IndexVersion.in_memory(np.eye(4, dtype=np.float32), np.eye(4, dtype=np.float32),
+                                                             list("abcd"), m0=2, shortlist=4)))
+    assert delta_applies(dense, res, plain) and not delta_applies(dense, res, cars)
+    assert not delta_applies(dense, Result(res.rows, [], res.scores, {"tier": "maxsim"}, res.embedding), plain)
+    assert not delta_applies(dense, Result(res.rows, [], res.scores, {"tier": "mips"}, None), plain)
