@@ -48,6 +48,7 @@ from service.models import (BatchItemError, BatchSearchRequest, BatchSearchRespo
                             search_request_schema)
 from service.parsing import check_media_type, parse_json, read_body, validate
 from service.state import GatewayState
+from service.writes import build_write_router
 
 log = logging.getLogger("service")
 
@@ -200,6 +201,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         return await search_batch_in(request, name)
 
     app.include_router(build_admin_router(state))
+    app.include_router(build_write_router(state))  # live documents (issue 18)
 
     @app.get("/healthz")
     async def healthz():
@@ -212,7 +214,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         "degraded" when the registry is unreachable or its live version was refused here (the replica still
         serves its own live version correctly, so it stays in rotation; see deploy/CUTOVER.md)."""
         live = state.live
-        if live is None or state.encoder is None:
+        if live is None or state.encoder is None or state.live_docs.pending:
             return JSONResponse({"status": "not_ready", "reason": state.load_error or "no live version loaded"},
                                 status_code=503)
         reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}

@@ -83,3 +83,17 @@ async def require_search_key(request: Request,
     key = request.app.state.gw.settings.search_api_key
     if _configured(key):
         _check(request, credentials, key, "search")
+
+
+async def require_write_key(request: Request,
+                            credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> None:
+    """Dependency of the document write routes: the request carries ``write_api_key``; the routes are disabled
+    (403) when no key is configured.
+
+    Raises:
+        ApiError: ``writes_disabled`` (403), ``missing_api_key`` or ``invalid_api_key`` (401).
+    """
+    key = request.app.state.gw.settings.write_api_key
+    if not _configured(key):
+        raise ApiError("writes_disabled", "document writes are disabled: no write_api_key is configured")
+    _check(request, credentials, key, "write")

@@ -152,6 +152,17 @@ class GatewaySettings(BaseSettings):
                           "403 admin_disabled.")
     search_api_key: SecretStr | None = Field(
         None, description="Bearer key required by POST /v1/search when set; unset: search is open.")
+    write_api_key: SecretStr | None = Field(
+        None, description="Bearer key of the document write routes (/v1/collections/{name}/documents*, /writes); "
+                          "unset: they answer 403 writes_disabled.")
+
+    # live documents (issue 18; docs/LIVE_DOCUMENTS.md)
+    max_write_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest body of a document write, "
+                                                                              "in bytes (413 body_too_large above).")
+    max_write_batch: int = Field(1000, ge=1, description="Most documents (or ids) one write may hold (413 "
+                                                         "batch_too_large above).")
+    max_document_chars: int = Field(100_000, ge=1, description="Longest title + text of a written document, in "
+                                                               "characters (413 document_too_long above).")
 
     # lexical / hybrid lanes and access control (issue 6; docs/API.md)
     hybrid_fusion: Literal["rrf", "convex"] = Field(
@@ -194,7 +205,8 @@ class GatewaySettings(BaseSettings):
     def _refuse_placeholder_secrets(self) -> "GatewaySettings":
         if self.mode == "local":
             return self
-        keys = {"admin_api_key": self.admin_api_key, "search_api_key": self.search_api_key}
+        keys = {"admin_api_key": self.admin_api_key, "search_api_key": self.search_api_key,
+                "write_api_key": self.write_api_key}
         for name, key in keys.items():
             if key is None:
                 continue
@@ -205,6 +217,10 @@ class GatewaySettings(BaseSettings):
         if self.admin_api_key is not None and self.search_api_key is not None and \
                 self.admin_api_key.get_secret_value() == self.search_api_key.get_secret_value():
             raise ValueError("admin_api_key and search_api_key must differ")
+        if self.write_api_key is not None and any(
+                k is not None and k.get_secret_value() == self.write_api_key.get_secret_value()
+                for k in (self.admin_api_key, self.search_api_key)):
+            raise ValueError("write_api_key must differ from admin_api_key and search_api_key")
         return self
 
     def resolved(self) -> "GatewaySettings":

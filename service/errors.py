@@ -67,6 +67,16 @@ STATUS_OF_CODE: dict[str, int] = {
     # batch search (issue 17)
     "batch_too_large": 413,
     "empty_batch": 422,
+    # live documents (issue 18)
+    "writes_disabled": 403,
+    "invalid_id": 422,
+    "duplicate_id": 422,
+    "document_too_long": 413,
+    "empty_document": 422,
+    "invalid_field_value": 422,
+    "degenerate_document": 422,
+    "unknown_document": 404,
+    "writes_unavailable": 503,
     # DART tiers (issue 5)
     "unknown_tier": 422,
     "tier_unavailable": 409,

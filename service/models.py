@@ -103,6 +103,10 @@ class Trace(BaseModel):
     reranked: int = Field(0, description="Candidates the tier reranked (0 for 'mips').")
     timings_seconds: dict[str, float] = Field(description="Seconds per stage (encode, rotate, stage1, route, "
                                                           "rescore, fuse, rerank) and total.")
+    delta: dict[str, int | bool] | None = Field(
+        None, description="Pending writes of the collection (issue 18; null when there are none): 'documents' in "
+                          "its delta segment, 'returned' of them in these results, 'masked' when deleted or "
+                          "overwritten ids of the version were filtered out (docs/LIVE_DOCUMENTS.md).")
 
 
 class SearchResponse(BaseModel):

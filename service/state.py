@@ -17,6 +17,7 @@ from engine.plan import Plan, PlanError, SearchSpec, resolve_plan
 from engine.query_cache import QueryEmbeddingCache
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer, MaxSimScorer
 from engine.stage1 import Stage1Unavailable
+from engine.stages.delta import merge_delta
 from service.config import GatewaySettings
 from service.errors import ApiError
 from service.follower import start_replica
@@ -25,6 +26,7 @@ from service.metrics import CutoverMetrics, GatewayMetrics
 from service.online_cus import OnlineCusMonitor
 from service.parsing import log_query_sample, plan_defaults
 from service.version_manager import VersionManager, VersionRefused
+from service.writes import LiveDocuments
 
 log = logging.getLogger("service")
 
@@ -57,6 +59,7 @@ class GatewayState:
                                                on_lookup=self.metrics.observe_query_cache)
         # the collections served, by name: one for now (a later change serves several from this dict)
         self.collections: dict[str, VersionManager] = {settings.collection: self.versions}
+        self.live_docs = LiveDocuments(self)  # write-ahead logs and delta segments (issue 18), opened by load()
 
     def collection(self, name: str) -> VersionManager:
         """The versions of collection ``name`` (what ``/v1/collections/{name}/...`` routes search).
@@ -105,7 +108,9 @@ class GatewayState:
             self.cross_encoder = None
             log.info("cross-encoder tier unavailable: %s", e)
         self.versions.on_live = lambda v: self.online_cus.observe_version(v, s.default_rho)
+        self.live_docs.pending = True  # searches wait (not_ready) until the write-ahead logs are replayed
         self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
+        self.live_docs.open()
         if self.live is None:
             log.error("gateway not ready: %s", self.load_error)
             return
@@ -139,6 +144,7 @@ class GatewayState:
         """Stop following the registry, the limiter and the online-CUS worker."""
         self.limiter.close()
         self.online_cus.close()
+        self.live_docs.close()
         if self.follower is not None:
             self.follower.stop()
         if self.registry is not None:
@@ -184,10 +190,18 @@ class GatewayState:
         Raises:
             ApiError: ``overloaded``, ``deadline_exceeded``, ``stage1_unavailable`` (for the whole batch).
         """
+        if self.live_docs.pending:
+            raise ApiError("not_ready", "the write-ahead log is being replayed")
         pipeline = Pipeline(self.encoder, self.rerankers(), self.query_cache)
+        delta = self.live_docs.snapshot(version.collection)  # pending writes (issue 18), one view per batch
+
+        def work(dl):
+            allowed = delta.allowed(version) if delta is not None else None  # deletes and overrides
+            out = pipeline.run(plans, version, check=lambda: check_deadline(dl), allowed=allowed)
+            return out if delta is None else [merge_delta(p, version, r, delta) for p, r in zip(plans, out)]
+
         try:
-            results = await self.limiter.run(
-                lambda dl: pipeline.run(plans, version, check=lambda: check_deadline(dl)), deadline)
+            results = await self.limiter.run(work, deadline)
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",

@@ -43,9 +43,9 @@ from adawidth.tiers import RERANK_DEPTH
 from engine.home import home_defaults
 from engine.index import IndexVersion, Router
 from engine.pipeline import Pipeline, capabilities
-from engine.plan import SearchSpec
+from engine.plan import SearchSpec, is_blank
 from engine.recall import RecallPolicy
-from engine.io.beir import Collection, available_splits, load_collection, load_qrels
+from engine.io.beir import Collection, DatasetFormatError, available_splits, load_collection, load_qrels
 from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
 from engine.version import files
@@ -107,6 +107,7 @@ class BuildOptions:
     recall_policy: bool = True             # fit policy 'recall' (the default 'auto'); needs levels
     recall_bound: str = "data_aware_doc"   # the level scan's probabilistic bound of policy 'recall'
     pseudo_queries: int = 600              # calibration queries drawn from the corpus when there is no train split
+    strict: bool = False                   # refuse a corpus with empty documents instead of skipping them (issue 18)
 
 
 class _Timer:
@@ -212,6 +213,7 @@ class BuildContext:
     eval_qrels: dict = field(default_factory=dict)
     X: np.ndarray | None = None
     n_encoded: int = 0
+    skipped_empty: list = field(default_factory=list)  # ids of the empty documents left out (issue 18)
     train: QuerySet | None = None
     test: QuerySet | None = None
     tier_head: np.ndarray | None = None
@@ -279,11 +281,35 @@ def _read_dataset(ctx: BuildContext) -> None:
     if opts.tiers and ctx.train_split is None:
         raise ValueError(f"the difficulty head (--tiers) needs training qrels ({opts.train_split!r} split not found)")
     ctx.col = load_collection(opts.dataset, ctx.eval_split or (splits[0] if splits else "test"))
+    _skip_empty_documents(ctx)
     ctx.name = opts.collection or ctx.col.name
     ctx.doc_ids = [d.doc_id for d in ctx.col.corpus]
     ctx.row_of = {d: i for i, d in enumerate(ctx.doc_ids)}
     ctx.train_qrels = load_qrels(opts.dataset, ctx.train_split) if ctx.train_split else {}
     ctx.eval_qrels = ctx.col.qrels if ctx.eval_split else {}
+
+
+def _skip_empty_documents(ctx: BuildContext) -> None:
+    """Drop the documents whose title and text are both blank (they would be indexed as the encoder's embedding
+    of nothing and rank for unrelated queries), counted in the manifest's ``corpus.skipped_empty``; with
+    ``strict`` refuse the corpus instead.
+
+    Raises:
+        engine.io.beir.DatasetFormatError: ``strict`` and at least one empty document.
+    """
+    empty = [d.doc_id for d in ctx.col.corpus if is_blank(d.title) and is_blank(d.text)]
+    ctx.skipped_empty = empty
+    if not empty:
+        return
+    if ctx.opts.strict:
+        raise DatasetFormatError(Path(ctx.opts.dataset) / "corpus.jsonl", None,
+                                 f"{len(empty)} empty documents (title and text blank), the first {empty[0]!r}; "
+                                 "drop --strict to skip them")
+    log.warning("skipping %d empty documents (title and text blank), the first %r", len(empty), empty[0])
+    if len(empty) == len(ctx.col.corpus):
+        raise DatasetFormatError(Path(ctx.opts.dataset) / "corpus.jsonl", None, "every document is empty")
+    gone = set(empty)
+    ctx.col.corpus = [d for d in ctx.col.corpus if d.doc_id not in gone]
 
 
 def _encode(ctx: BuildContext) -> None:
@@ -591,7 +617,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
                              default_rho=opts.default_rho, pairs=pairs),
         corpus=CorpusSection(fingerprint=fingerprint, documents=len(ctx.doc_ids), dataset=str(opts.dataset),
                              dataset_fingerprint=ctx.dataset_fingerprint, encoded_now=ctx.n_encoded,
-                             train_split=ctx.train_split, eval_split=ctx.eval_split),
+                             train_split=ctx.train_split, eval_split=ctx.eval_split,
+                             skipped_empty=len(ctx.skipped_empty), skipped_empty_ids=ctx.skipped_empty[:20]),
         stage1_policy=policy, evaluation=ctx.evaluation, lexical=lexical,
         cars=CarsSection(**ctx.cars_meta) if ctx.cars_meta is not None else None,
         rerank=rerank, tiers=tiers, levels=levels_section, recall_policy=recall_section,

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                             cars={"rank": args.cars_rank, "prior_queries": args.cars_prior_queries} if args.cars else None,
                             stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
                             embeddings=args.embeddings, tiers=args.tiers, cross_encoder=args.cross_encoder,
-                            tier_head_queries=args.tier_head_queries)
+                            tier_head_queries=args.tier_head_queries, strict=args.strict)
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
@@ -165,6 +165,9 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--router-crossfit-folds", type=int, default=4,
                    help="train the router on queries ranked by adapters that did not see them (0: off)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--strict", action="store_true",
+                   help="refuse a corpus holding empty documents (title and text blank) instead of skipping them "
+                        "with a counted warning in the manifest")
     b.add_argument("--no-capacity", action="store_true", help="skip the capacity report")
     b.add_argument("--cars", action="store_true",
                    help="fit Shared and Dual low-rank adapters, select one by CARS, serve it (docs/METHOD.md)")

@@ -28,7 +28,7 @@ STRONG = "k3Y-9vQ2mX7rT4wL8pN1zB6c"
                                     "please-changeme-in-prod-9", "my-api-key-placeholder-42", "0000000000000000000"])
 def test_placeholder_secrets_refused_outside_local_mode(secret):
     assert placeholder_reason(secret) is not None
-    for field in ("admin_api_key", "search_api_key"):
+    for field in ("admin_api_key", "search_api_key", "write_api_key"):
         with pytest.raises(ValidationError) as info:
             GatewaySettings(**{field: secret})
         assert field in str(info.value)
@@ -42,6 +42,10 @@ def test_strong_secrets_accepted_and_never_shown():
     assert STRONG not in repr(s) and STRONG not in str(s) and STRONG not in s.model_dump_json()
     with pytest.raises(ValidationError, match="must differ"):
         GatewaySettings(admin_api_key=STRONG, search_api_key=STRONG)
+    for other in ("admin_api_key", "search_api_key"):  # the write key differs from both
+        with pytest.raises(ValidationError, match="write_api_key must differ"):
+            GatewaySettings(write_api_key=STRONG, **{other: STRONG})
+    assert GatewaySettings(write_api_key=STRONG).write_api_key.get_secret_value() == STRONG
 
 
 def test_gateway_refuses_to_start_with_a_placeholder_key_and_does_not_print_it():

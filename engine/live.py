@@ -1,0 +1,160 @@
+"""Live documents of one collection (issue 18): its write-ahead log, its delta segment, and the order between them.
+
+:class:`LiveCollection` is what the gateway's write routes call.  An upsert is encoded first (outside any
+lock, so a bad embedding refuses the batch before anything is written), then, under the collection's write
+lock, appended to the log (durable: :meth:`engine.wal.WriteLog.append` fsyncs) and applied to the delta
+segment; the caller acknowledges only after that, so a write is searchable when its 202 is sent, and the
+segment's order is the log's order.  At start, :meth:`LiveCollection.replay` rebuilds the segment from the
+log records after the live version's folded sequence number.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.delta import DeltaSegment, DeltaSnapshot
+from engine.io.beir import Document
+from engine.wal import WriteLog
+
+MIN_EMBEDDING_NORM = 0.5
+"""An encoder output (unit-norm by construction) with a smaller norm, or not finite, is never indexed."""
+
+REPLAY_BATCH = 256
+
+
+class DegenerateDocument(ValueError):
+    """A document's embedding is not finite or has a norm below :data:`MIN_EMBEDDING_NORM`; ``index`` is its
+    position in the batch."""
+
+    def __init__(self, index: int, message: str):
+        self.index = index
+        super().__init__(message)
+
+
+def encoder_text(doc: dict) -> str:
+    """The text the encoder embeds for a record ``{id, title?, text, ...}`` (BEIR's title + " " + text)."""
+    return Document(doc["id"], doc.get("title") or "", doc["text"]).encoder_text()
+
+
+def manifest_folded_seq(manifest) -> int:
+    """The last write sequence number a version's manifest says it folded (0: built from a corpus alone)."""
+    writes = getattr(manifest, "writes", None)
+    return int(getattr(writes, "folded_seq", 0) or 0)
+
+
+def folded_seq(version) -> int:
+    """The last write sequence number folded into ``version`` (an :class:`engine.index.IndexVersion`)."""
+    return manifest_folded_seq(getattr(version, "manifest", None))
+
+
+class LiveCollection:
+    """Writes of one collection: the log, the delta segment, and the lock that orders them.
+
+    Args:
+        name: the collection.
+        log: its :class:`engine.wal.WriteLog`.
+        dimension: embedding width D.
+        encode: ``list[str] -> (B, D) float32`` unit-norm rows (the gateway's encoder).
+    """
+
+    def __init__(self, name: str, log: WriteLog, dimension: int, encode: Callable[[list[str]], np.ndarray]):
+        self.name, self.log, self.encode = name, log, encode
+        self.delta = DeltaSegment(dimension)
+        self.base_seq = 0  # the live version's folded sequence number: the segment holds writes after it
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> DeltaSnapshot:
+        """The delta view a search reads (:meth:`engine.delta.DeltaSegment.snapshot`)."""
+        return self.delta.snapshot()
+
+    def embed(self, docs: list[dict]) -> np.ndarray:
+        """(B, D) float32 embeddings of ``docs``.
+
+        Raises:
+            DegenerateDocument: a row is not finite or has a norm below :data:`MIN_EMBEDDING_NORM`.
+        """
+        E = np.asarray(self.encode([encoder_text(d) for d in docs]), np.float32)
+        if E.shape != (len(docs), self.delta.dimension):
+            raise ValueError(f"the encoder returned shape {E.shape} for {len(docs)} documents")
+        norms = np.linalg.norm(E, axis=1)
+        bad = np.flatnonzero(~np.isfinite(E).all(axis=1) | ~(norms >= MIN_EMBEDDING_NORM))
+        if bad.size:
+            raise DegenerateDocument(int(bad[0]), "the document's embedding is degenerate (not finite or ~0)")
+        return E / norms[:, None]
+
+    def upsert(self, docs: list[dict]) -> int:
+        """Encode, log (durably) and apply one validated upsert batch; returns its sequence number.
+
+        Args:
+            docs: records ``{"id": str, "title": str, "text": str, "fields": dict}``, ids distinct.
+
+        Raises:
+            DegenerateDocument: nothing written.
+            engine.wal.WalError, OSError: the log refused the append (nothing acknowledged).
+        """
+        E = self.embed(docs)
+        with self._lock:
+            seq = self.log.append({"op": "upsert", "docs": docs})
+            self.delta.upsert(seq, docs, E)
+        return seq
+
+    def delete(self, ids: list[str]) -> int:
+        """Log (durably) and apply one delete batch; returns its sequence number.
+
+        Raises:
+            engine.wal.WalError, OSError: the log refused the append (nothing acknowledged).
+        """
+        with self._lock:
+            seq = self.log.append({"op": "delete", "ids": list(ids)})
+            self.delta.delete(seq, list(ids))
+        return seq
+
+    def replay(self, after: int) -> dict:
+        """Rebuild the delta segment from the log records with ``seq > after`` (a fresh segment).
+
+        Only the last write of each id is encoded.  Returns ``{"records": r, "upserts": u, "deletes": d}``
+        (u and d: the segment's documents and tombstones afterwards).
+
+        Raises:
+            engine.wal.WalCorrupt: an unreadable record.
+            DegenerateDocument: a logged document no longer encodes (a changed encoder).
+        """
+        with self._lock:
+            latest: dict[str, tuple[int, dict | None]] = {}
+            records = 0
+            for rec in self.log.replay(after):
+                records += 1
+                if rec["op"] == "upsert":
+                    for d in rec["docs"]:
+                        latest[d["id"]] = (rec["seq"], d)
+                elif rec["op"] == "delete":
+                    for i in rec["ids"]:
+                        latest[i] = (rec["seq"], None)
+            delta = DeltaSegment(self.delta.dimension)
+            ups = [(s, d) for s, d in latest.values() if d is not None]
+            for start in range(0, len(ups), REPLAY_BATCH):
+                chunk = ups[start:start + REPLAY_BATCH]
+                docs = [d for _, d in chunk]
+                delta.upsert([s for s, _ in chunk], docs, self.embed(docs))
+            dels: dict[int, list[str]] = {}
+            for i, (s, d) in latest.items():
+                if d is None:
+                    dels.setdefault(s, []).append(i)
+            for s, ids in sorted(dels.items()):
+                delta.delete(s, ids)
+            self.delta, self.base_seq = delta, int(after)
+            snap = delta.snapshot()
+            return {"records": records, "upserts": len(snap.docs), "deletes": len(snap.deleted)}
+
+    def status(self) -> dict:
+        """``{"last_accepted_seq", "base_seq", "pending_upserts", "pending_deletes"}`` of the collection."""
+        snap = self.snapshot()
+        return {"last_accepted_seq": self.log.last_seq, "base_seq": self.base_seq,
+                "pending_upserts": len(snap.docs), "pending_deletes": len(snap.deleted)}
+
+    def close(self) -> None:
+        """Close the log."""
+        self.log.close()

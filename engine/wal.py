@@ -1,0 +1,274 @@
+"""The write-ahead log of a collection's live documents (issue 18): durable before acknowledged.
+
+One record is one accepted write batch: ``{"seq": int, "op": "upsert", "docs": [{id, title, text, fields}]}``
+or ``{"seq": int, "op": "delete", "ids": [str]}``.  Sequence numbers start at 1 and grow by one per record,
+so a batch is applied whole or not at all.  :meth:`WriteLog.append` returns only after the record is on disk
+(``fsync`` of the segment file, and of the directory when a segment is created); the gateway answers 202
+only after that.
+
+:class:`FileWriteLog` keeps the log on the index volume, ``<index_root>/<collection>/wal/``:
+
+* segment files ``<first seq, 20 digits>.jsonl``, a new one when the current one passes ``segment_bytes``;
+* one record a line, ``{"crc":"<crc32 of REC, 8 hex>","rec":REC}`` where ``REC`` is the record's compact
+  JSON (UTF-8), so every line is JSON and a torn or corrupted line is detected;
+* on open, a last record of the last segment that is torn (a kill -9 or power loss mid-append: it was
+  never acknowledged) is dropped and the file truncated to the last whole record; a bad record anywhere
+  else, or a gap in the sequence numbers, is :class:`WalCorrupt` (never silently skipped);
+* an exclusive ``flock`` on ``wal/LOCK``: one writer process a collection (a second gets
+  :class:`WalLocked`; it is released by the kernel when the holder dies, kill -9 included).
+
+A Redis-stream implementation of :class:`WriteLog` (``REDIS_URL``) is not written yet (docs/LIVE_DOCUMENTS.md).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+SEGMENT_DIGITS = 20
+_PREFIX = '{"crc":"'
+_MIDDLE = '","rec":'
+_HEAD = len(_PREFIX) + 8 + len(_MIDDLE)
+
+
+class WalError(RuntimeError):
+    """The write-ahead log cannot be used (base class)."""
+
+
+class WalCorrupt(WalError):
+    """A record other than a torn last one is unreadable, or sequence numbers have a gap."""
+
+
+class WalLocked(WalError):
+    """Another process holds the collection's log (one writer a collection)."""
+
+
+def encode_record(rec: dict) -> bytes:
+    """One log line (bytes, ending in a newline) of record ``rec`` (a JSON-serialisable dict, text valid UTF-8).
+
+    Raises:
+        UnicodeEncodeError: ``rec`` holds a lone surrogate (validation refuses those before).
+    """
+    body = json.dumps(rec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    raw = body.encode("utf-8")
+    return f"{_PREFIX}{zlib.crc32(raw):08x}{_MIDDLE}".encode("ascii") + raw + b"}\n"
+
+
+def decode_record(line: bytes) -> dict | None:
+    """The record of one log line (with or without its newline), or None when the line is torn or corrupt."""
+    line = line.rstrip(b"\n")
+    if len(line) < _HEAD + 2 or not line.startswith(_PREFIX.encode()) or not line.endswith(b"}"):
+        return None
+    try:
+        crc = int(line[len(_PREFIX):len(_PREFIX) + 8].decode("ascii"), 16)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if line[len(_PREFIX) + 8:_HEAD] != _MIDDLE.encode():
+        return None
+    body = line[_HEAD:-1]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        rec = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("seq"), int) else None
+
+
+class WriteLog(ABC):
+    """A collection's write-ahead log: append (durable), replay in order, the last sequence number."""
+
+    @property
+    @abstractmethod
+    def last_seq(self) -> int:
+        """Sequence number of the last durable record (0 for an empty log)."""
+
+    @abstractmethod
+    def append(self, rec: dict) -> int:
+        """Append one record (without ``seq``; the log assigns the next one) and make it durable.
+
+        Args:
+            rec: ``{"op": "upsert", "docs": [...]}`` or ``{"op": "delete", "ids": [...]}``.
+
+        Returns:
+            The record's sequence number (``last_seq + 1``), once the record is on stable storage.
+
+        Raises:
+            WalError (or OSError): nothing was acknowledged; the record may or may not be durable.
+        """
+
+    @abstractmethod
+    def replay(self, after: int = 0) -> Iterator[dict]:
+        """Records with ``seq > after`` in sequence order (each a dict with ``seq`` and ``op``).
+
+        Raises:
+            WalCorrupt: a record is unreadable (other than a torn last one, dropped at open).
+        """
+
+    def close(self) -> None:
+        """Release the log (its lock)."""
+
+
+class FileWriteLog(WriteLog):
+    """:class:`WriteLog` on a local file system (the index volume); see the module docstring for the format.
+
+    Args:
+        directory: ``<index_root>/<collection>/wal`` (created when missing).
+        segment_bytes: a new segment starts once the current one is at least this large.
+        fsync: fsync every append (off only in tests of the format, never in the gateway).
+
+    Raises:
+        WalLocked: another process holds the log.
+        WalCorrupt: the existing log is unreadable (see the module docstring).
+    """
+
+    def __init__(self, directory: Path | str, *, segment_bytes: int = 64 * 1024 * 1024, fsync: bool = True):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes, self.fsync = int(segment_bytes), bool(fsync)
+        self._lock = threading.Lock()
+        self._lock_fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise WalLocked(f"another process holds the write-ahead log {self.directory}") from None
+        self._fd: int | None = None
+        self._size = 0
+        self._last = 0
+        self._broken = False
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening ------------------------------------------------------------------------------------
+    def segments(self) -> list[Path]:
+        """Segment files, oldest first."""
+        return sorted(p for p in self.directory.glob("*.jsonl")
+                      if len(p.stem) == SEGMENT_DIGITS and p.stem.isdigit())
+
+    def _recover(self) -> None:
+        segs = self.segments()
+        expected = None
+        for i, seg in enumerate(segs):
+            last_segment = i == len(segs) - 1
+            good_bytes, seqs = self._scan(seg, tolerate_torn_tail=last_segment)
+            first = int(seg.stem)
+            if seqs and seqs[0] != first:
+                raise WalCorrupt(f"{seg.name} starts at record {seqs[0]}, not {first}")
+            if expected is not None and seqs and seqs[0] != expected:
+                raise WalCorrupt(f"gap in the write-ahead log before {seg.name} (expected record {expected})")
+            if seqs:
+                expected = seqs[-1] + 1
+                self._last = seqs[-1]
+            if last_segment:
+                if good_bytes < seg.stat().st_size:  # a torn last record: never acknowledged, dropped
+                    with open(seg, "r+b") as f:
+                        f.truncate(good_bytes)
+                        f.flush()
+                        os.fsync(f.fileno())
+                if not seqs:
+                    seg.unlink()
+                    self._fsync_dir()
+                else:
+                    self._open_segment(seg)
+
+    @staticmethod
+    def _scan(seg: Path, *, tolerate_torn_tail: bool) -> tuple[int, list[int]]:
+        data = seg.read_bytes()
+        pos, seqs = 0, []
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            line = data[pos:] if end < 0 else data[pos:end + 1]
+            rec = decode_record(line) if end >= 0 else None
+            if rec is None or (seqs and rec["seq"] != seqs[-1] + 1):
+                if tolerate_torn_tail and (end < 0 or end + 1 == len(data)):
+                    return pos, seqs
+                raise WalCorrupt(f"{seg.name}: unreadable record at byte {pos}")
+            seqs.append(rec["seq"])
+            pos = end + 1
+        return pos, seqs
+
+    def _open_segment(self, seg: Path) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(seg, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+
+    def _fsync_dir(self) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- WriteLog -----------------------------------------------------------------------------------
+    @property
+    def last_seq(self) -> int:
+        return self._last
+
+    def append(self, rec: dict) -> int:
+        with self._lock:
+            seq = self._last + 1
+            line = encode_record({"seq": seq, **{k: v for k, v in rec.items() if k != "seq"}})
+            if self._fd is None or self._size >= self.segment_bytes:
+                self._open_segment(self.directory / f"{seq:0{SEGMENT_DIGITS}d}.jsonl")
+                self._fsync_dir()
+            if self._broken:
+                raise WalError("the write-ahead log failed an earlier append; restart to recover it")
+            try:
+                view = memoryview(line)
+                while view:
+                    n = os.write(self._fd, view)
+                    view = view[n:]
+                if self.fsync:
+                    os.fsync(self._fd)
+            except OSError:
+                # never acknowledged: cut the partial record off, or refuse every later append
+                try:
+                    os.ftruncate(self._fd, self._size)
+                    os.fsync(self._fd)
+                except OSError:
+                    self._broken = True
+                raise
+            self._size += len(line)
+            self._last = seq
+            return seq
+
+    def replay(self, after: int = 0) -> Iterator[dict]:
+        with self._lock:
+            last = self._last
+            segs = self.segments()
+        if last <= after:
+            return
+        for i, seg in enumerate(segs):
+            nxt = int(segs[i + 1].stem) if i + 1 < len(segs) else None
+            if nxt is not None and nxt <= after + 1:
+                continue  # every record of this segment is <= after
+            with open(seg, "rb") as f:
+                for line in f:
+                    rec = decode_record(line)
+                    if rec is None:
+                        raise WalCorrupt(f"{seg.name}: unreadable record")
+                    if rec["seq"] > after:
+                        yield rec
+                    if rec["seq"] >= last:  # records appended since the call are not part of it
+                        return
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None

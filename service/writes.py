@@ -1,0 +1,402 @@
+"""Live documents over HTTP (issue 18): the write routes, their validation, and the collections' write state.
+
+==================================================  =========================================================
+``PUT  /v1/collections/{name}/documents``           a JSON array, or NDJSON (``application/x-ndjson``), of
+                                                    ``{id, title?, text, fields?}``: 202 ``{seq, ...}``
+``POST /v1/collections/{name}/documents/delete``    ``{"ids": [...]}``: 202 ``{seq, ...}``
+``GET  /v1/collections/{name}/documents/{id}``      the stored document and where it is served from
+``GET  /v1/collections/{name}/writes``              sequence numbers: last accepted, last folded, the live
+                                                    version's; pending upserts and deletes
+==================================================  =========================================================
+
+Every route requires ``write_api_key`` (403 ``writes_disabled`` when none is configured; the GET routes
+return stored text regardless of any access policy, so they are guarded too).  A write is validated whole
+(:func:`parse_documents`, :func:`parse_delete`): any bad document refuses the batch with its code and nothing
+is written.  An accepted batch is encoded, appended to the collection's write-ahead log with fsync and applied
+to its delta segment (:class:`engine.live.LiveCollection`) before the 202, so it is durable and searchable
+when acknowledged.  The rules: docs/LIVE_DOCUMENTS.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from engine.delta import DeltaSnapshot
+from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest_folded_seq
+from engine.plan import has_lone_surrogate, is_blank
+from engine.version import store
+from engine.wal import FileWriteLog, WalError
+from service.auth import require_write_key
+from service.errors import ApiError
+from service.models import error_responses
+from service.parsing import parse_json, read_body
+
+log = logging.getLogger("service.writes")
+
+MAX_ID_CHARS = 512
+"""Longest document id accepted, in characters."""
+DOCUMENT_KEYS = frozenset({"id", "title", "text", "fields"})
+NDJSON = "application/x-ndjson"
+
+
+# -- validation ---------------------------------------------------------------------------------------------------
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError("invalid_utf8", "request body is not valid UTF-8") from None
+
+
+def media_type(request: Request) -> str:
+    """``application/json`` (also when undeclared) or ``application/x-ndjson``.
+
+    Raises:
+        ApiError: ``unsupported_media_type`` (415) for any other declared type.
+    """
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype in ("application/json", ""):
+        return "application/json"
+    if ctype in (NDJSON, "application/ndjson", "application/jsonl"):
+        return NDJSON
+    raise ApiError("unsupported_media_type", "send the documents as application/json or application/x-ndjson")
+
+
+def check_id(value, field: str) -> str:
+    """A document id: a non-blank string of at most :data:`MAX_ID_CHARS` characters, valid Unicode.
+
+    Raises:
+        ApiError: ``invalid_id`` or ``invalid_unicode`` (422).
+    """
+    if not isinstance(value, str):
+        raise ApiError("invalid_id", "a document id must be a string", field)
+    if has_lone_surrogate(value):
+        raise ApiError("invalid_unicode", "the id contains a lone UTF-16 surrogate", field)
+    if is_blank(value) or len(value) > MAX_ID_CHARS or value != value.strip():
+        raise ApiError("invalid_id", f"a document id must be 1..{MAX_ID_CHARS} characters with a visible one "
+                                     "and no surrounding whitespace", field)
+    return value
+
+
+def _scalar_ok(v) -> bool:
+    if isinstance(v, bool) or isinstance(v, str):
+        return True
+    if isinstance(v, int):
+        return abs(v) < 10 ** 18
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def check_fields(value, field: str) -> dict:
+    """A document's ``fields``: an object of string keys whose values are a string, a finite number, a bool, or a
+    list of those (``null`` or absent: no fields).
+
+    Raises:
+        ApiError: ``invalid_field_value`` or ``invalid_unicode`` (422).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError("invalid_field_value", "fields must be an object", field)
+    for key, v in value.items():
+        where = f"{field}.{key}"
+        if not key or is_blank(key):
+            raise ApiError("invalid_field_value", "a field name must have a visible character", field)
+        items = v if isinstance(v, list) else [v]
+        for item in items:
+            if not _scalar_ok(item):
+                raise ApiError("invalid_field_value", "a field value must be a string, a finite number, a bool "
+                                                      "or a list of those", where)
+            if isinstance(item, str) and has_lone_surrogate(item):
+                raise ApiError("invalid_unicode", "a field value contains a lone UTF-16 surrogate", where)
+    return dict(value)
+
+
+def check_document(obj, i: int, max_chars: int) -> dict:
+    """One validated record ``{"id", "title", "text", "fields"}`` of item ``i`` of a write.
+
+    Raises:
+        ApiError: ``invalid_type``, ``unknown_field``, ``missing_field``, ``invalid_id``, ``invalid_unicode``,
+            ``document_too_long`` (413), ``empty_document``, ``invalid_field_value``.
+    """
+    at = f"[{i}]"
+    if not isinstance(obj, dict):
+        raise ApiError("invalid_type", "each document must be a JSON object", at)
+    extra = sorted(set(obj) - DOCUMENT_KEYS)
+    if extra:
+        raise ApiError("unknown_field", "a document takes id, title, text and fields only", f"{at}.{extra[0]}")
+    for key in ("id", "text"):
+        if key not in obj or obj[key] is None:
+            raise ApiError("missing_field", f"every document needs {key!r}", f"{at}.{key}")
+    doc_id = check_id(obj["id"], f"{at}.id")
+    title = obj.get("title")
+    title = "" if title is None else title
+    text = obj["text"]
+    for key, value in (("title", title), ("text", text)):
+        if not isinstance(value, str):
+            raise ApiError("invalid_type", f"{key} must be a string", f"{at}.{key}")
+        if has_lone_surrogate(value):
+            raise ApiError("invalid_unicode", f"{key} contains a lone UTF-16 surrogate", f"{at}.{key}")
+    if len(title) + len(text) > max_chars:
+        raise ApiError("document_too_long", f"title + text exceed {max_chars} characters", f"{at}.text")
+    if is_blank(title) and is_blank(text):
+        raise ApiError("empty_document", "the document's title and text are both empty or blank", f"{at}.text")
+    return {"id": doc_id, "title": title, "text": text, "fields": check_fields(obj.get("fields"), f"{at}.fields")}
+
+
+def parse_documents(raw: bytes, ctype: str, *, max_chars: int, max_batch: int) -> list[dict]:
+    """The validated records of an upsert body (a JSON array, or NDJSON: one object a non-blank line).
+
+    Raises:
+        ApiError: ``invalid_utf8``, ``invalid_json``, ``invalid_type``, ``empty_batch``, ``batch_too_large``,
+            ``duplicate_id`` and every code of :func:`check_document`.
+    """
+    if ctype == NDJSON:
+        lines = _decode(raw).split("\n")
+        items = [parse_json(line.encode("utf-8"), len(raw)) for line in lines if line.strip()]
+    else:
+        items = parse_json(raw, len(raw))
+        if not isinstance(items, list):
+            raise ApiError("invalid_type", "the body must be a JSON array of documents (or NDJSON)")
+    if not items:
+        raise ApiError("empty_batch", "the write holds no document")
+    if len(items) > max_batch:
+        raise ApiError("batch_too_large", f"a write holds at most {max_batch} documents")
+    docs, seen = [], set()
+    for i, obj in enumerate(items):
+        doc = check_document(obj, i, max_chars)
+        if doc["id"] in seen:
+            raise ApiError("duplicate_id", "an id appears twice in one write", f"[{i}].id")
+        seen.add(doc["id"])
+        docs.append(doc)
+    return docs
+
+
+def parse_delete(raw: bytes, *, max_batch: int) -> list[str]:
+    """The validated ids of a delete body ``{"ids": [str, ...]}``.
+
+    Raises:
+        ApiError: ``invalid_utf8``, ``invalid_json``, ``invalid_type``, ``unknown_field``, ``missing_field``,
+            ``empty_batch``, ``batch_too_large``, ``invalid_id``, ``invalid_unicode``, ``duplicate_id``.
+    """
+    obj = parse_json(raw, len(raw))
+    if not isinstance(obj, dict):
+        raise ApiError("invalid_type", 'the body must be {"ids": [...]}')
+    extra = sorted(set(obj) - {"ids"})
+    if extra:
+        raise ApiError("unknown_field", "a delete takes 'ids' only", extra[0])
+    if "ids" not in obj:
+        raise ApiError("missing_field", "'ids' is required", "ids")
+    ids = obj["ids"]
+    if not isinstance(ids, list):
+        raise ApiError("invalid_type", "'ids' must be a list of document ids", "ids")
+    if not ids:
+        raise ApiError("empty_batch", "the delete holds no id", "ids")
+    if len(ids) > max_batch:
+        raise ApiError("batch_too_large", f"a delete holds at most {max_batch} ids", "ids")
+    out, seen = [], set()
+    for i, v in enumerate(ids):
+        v = check_id(v, f"ids[{i}]")
+        if v in seen:
+            raise ApiError("duplicate_id", "an id appears twice in one delete", f"ids[{i}]")
+        seen.add(v)
+        out.append(v)
+    return out
+
+
+# -- the collections' write state ----------------------------------------------------------------------------------
+class LiveDocuments:
+    """The :class:`engine.live.LiveCollection` of every collection the gateway serves, opened at start.
+
+    Args:
+        state: the :class:`service.state.GatewayState` (its ``collections``, ``encoder``, ``settings``).
+    """
+
+    def __init__(self, state):
+        self.state = state
+        self.live: dict[str, LiveCollection] = {}
+        self.errors: dict[str, str] = {}
+        self.pending = False  # True from the start of GatewayState.load until every log is replayed
+        self._ids: dict[int, tuple[object, dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def wal_dir(self, name: str) -> Path:
+        """``<index_root>/<collection>/wal``: the log of ``name`` on the index volume."""
+        return Path(self.state.collection(name).index_root) / name / "wal"
+
+    def open(self) -> None:
+        """Open every served collection's log and replay it after its live version's folded sequence number
+        (call after the encoder and the live versions are loaded).  A collection whose log cannot be opened
+        (another process holds it, a corrupt record) serves reads and answers its writes 503
+        ``writes_unavailable``; the reason is logged."""
+        try:
+            self._open()
+        finally:
+            self.pending = False
+
+    def _open(self) -> None:
+        encoder = self.state.encoder
+        if encoder is None:
+            return
+        for name, versions in list(self.state.collections.items()):
+            if name in self.live:  # opened already (a second load of the same state)
+                continue
+            try:
+                live = LiveCollection(name, FileWriteLog(self.wal_dir(name)), encoder.dimension, encoder.encode)
+                base = folded_seq(versions.live) if versions.live is not None else 0
+                counts = live.replay(base)
+            except (WalError, OSError, DegenerateDocument) as e:
+                self.errors[name] = f"{type(e).__name__}: {e}"
+                log.error("writes of %s unavailable: %s", name, self.errors[name])
+                continue
+            self.live[name] = live
+            log.info("write-ahead log of %s: last seq %d, replayed after %d: %s", name, live.log.last_seq, base,
+                     counts)
+            previous = versions.on_live
+
+            def on_live(v, _previous=previous, _live=live):
+                if _previous is not None:
+                    _previous(v)
+                if folded_seq(v) != _live.base_seq:  # a fold went live, or a rollback: rebuild from the log
+                    _live.replay(folded_seq(v))
+
+            versions.on_live = on_live
+
+    def close(self) -> None:
+        """Close every log (releases the writer locks)."""
+        for live in self.live.values():
+            live.close()
+        self.live.clear()
+
+    def snapshot(self, name: str) -> DeltaSnapshot | None:
+        """The delta view of collection ``name`` a search reads, or None when it has no write state."""
+        live = self.live.get(name)
+        return live.snapshot() if live is not None else None
+
+    def of(self, name: str) -> LiveCollection:
+        """The write state of a served collection.
+
+        Raises:
+            ApiError: ``unknown_collection`` (404), ``not_ready`` (503: no encoder yet),
+                ``writes_unavailable`` (503: its log could not be opened).
+        """
+        self.state.collection(name)
+        if name in self.errors:
+            raise ApiError("writes_unavailable", "this replica cannot write to the collection's log; see its log")
+        live = self.live.get(name)
+        if live is None:
+            raise ApiError("not_ready", "the gateway is not ready for writes (no encoder or version loaded)")
+        return live
+
+    def rows(self, version) -> dict[str, int]:
+        """id -> row of ``version`` (cached for the last few versions)."""
+        with self._lock:
+            hit = self._ids.get(id(version))
+            if hit is not None:
+                return hit[1]
+        m = {d: r for r, d in enumerate(version.doc_ids)}
+        with self._lock:
+            if len(self._ids) >= 4:
+                self._ids.pop(next(iter(self._ids)))
+            self._ids[id(version)] = (version, m)
+        return m
+
+
+def _last_folded(index_root: Path, name: str) -> int:
+    best = 0
+    coll = Path(index_root) / name
+    for v in store.list_versions(coll):
+        try:
+            manifest = store.read_manifest(coll / v)
+        except Exception:  # an unreadable version folded nothing this replica can serve
+            continue
+        best = max(best, manifest_folded_seq(manifest))
+    return best
+
+
+def build_write_router(state) -> APIRouter:
+    """The live-document routes of the gateway (module docstring), bound to ``state`` (a GatewayState)."""
+    router = APIRouter(dependencies=[Depends(require_write_key)], tags=["documents"])
+    settings = state.settings
+    errors = error_responses(400, 401, 403, 404, 413, 415, 422, 503)
+
+    def accepted(name: str, op: str, seq: int, count: int) -> JSONResponse:
+        return JSONResponse({"collection": name, "op": op, "seq": seq, "count": count}, status_code=202)
+
+    async def logged(fn, *args):
+        try:
+            return await run_in_threadpool(fn, *args)
+        except DegenerateDocument as e:
+            raise ApiError("degenerate_document", str(e), f"[{e.index}].text") from None
+        except (WalError, OSError) as e:
+            log.error("write-ahead log append failed: %s: %s", type(e).__name__, e)
+            raise ApiError("writes_unavailable", "the write could not be made durable; retry",
+                           headers={"Retry-After": str(settings.retry_after_s)}) from None
+
+    @router.put("/v1/collections/{name}/documents", status_code=202, responses=errors, openapi_extra={
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+            NDJSON: {"schema": {"type": "string"}}}}})
+    async def put_documents(request: Request, name: str):
+        """Upsert documents: 202 ``{"seq": n}`` once durable (write-ahead log, fsync) and searchable."""
+        live = state.live_docs.of(name)
+        ctype = media_type(request)
+        docs = parse_documents(await read_body(request, settings.max_write_body_bytes), ctype,
+                               max_chars=settings.max_document_chars, max_batch=settings.max_write_batch)
+        seq = await logged(live.upsert, docs)
+        return accepted(name, "upsert", seq, len(docs))
+
+    @router.post("/v1/collections/{name}/documents/delete", status_code=202, responses=errors, openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
+            "required": ["ids"]}}}}})
+    async def delete_documents(request: Request, name: str):
+        """Delete documents by id: 202 ``{"seq": n}`` once durable; no later search returns them."""
+        live = state.live_docs.of(name)
+        if media_type(request) != "application/json":
+            raise ApiError("unsupported_media_type", "send the ids as application/json")
+        ids = parse_delete(await read_body(request, settings.max_write_body_bytes), max_batch=settings.max_write_batch)
+        seq = await logged(live.delete, ids)
+        return accepted(name, "delete", seq, len(ids))
+
+    @router.get("/v1/collections/{name}/documents/{doc_id:path}", responses=errors)
+    async def get_document(name: str, doc_id: str):
+        """The stored document ``doc_id`` and where it is served from: ``"delta"`` or the live version."""
+        live = state.live_docs.of(name)
+        snap = live.snapshot()
+        held = snap.docs.get(doc_id)
+        if held is not None:
+            return {"id": doc_id, "served_from": "delta", "seq": held.seq, "document": held.doc}
+        if doc_id in snap.deleted:
+            raise ApiError("unknown_document", "the document was deleted", "id")
+        with state.collection(name).acquire() as version:
+            if version is None:
+                raise ApiError("not_ready", "no index version is loaded")
+            row = state.live_docs.rows(version).get(doc_id)
+            if row is None:
+                raise ApiError("unknown_document", "no document has that id", "id")
+            texts = version.texts if version.texts is not None else (
+                version.lexical.texts if version.lexical is not None else None)
+            doc = {"id": doc_id, "text": texts[row] if texts is not None else None}
+            return {"id": doc_id, "served_from": version.version, "seq": None, "document": doc}
+
+    @router.get("/v1/collections/{name}/writes", responses=errors)
+    async def writes(name: str):
+        """Sequence numbers of the collection's writes: last accepted, last folded, the live version's."""
+        live = state.live_docs.of(name)
+        versions = state.collection(name)
+        current = versions.live
+        status = live.status()
+        last_folded = await run_in_threadpool(_last_folded, versions.index_root, name)
+        return {"collection": name, "last_accepted_seq": status["last_accepted_seq"],
+                "last_folded_seq": max(last_folded, status["base_seq"]),
+                "live_version": current.version if current is not None else None,
+                "live_folded_seq": folded_seq(current) if current is not None else None,
+                "pending_upserts": status["pending_upserts"], "pending_deletes": status["pending_deletes"]}
+
+    return router
