@@ -68,6 +68,18 @@ class FunnelPolicy:
             return self.booster.predict(rows)
 
 
+LEVEL_SCAN_MIN_DOCS = 10_000
+"""Documents from which width ``full`` is served by the certified level scan rather than one flat scan.
+
+Both return exactly the exhaustive top-k; below this size the level scan's fixed costs (seeding, bounds,
+heaps) outweigh the coordinates it skips.  Measured one query at a time, one thread, CPU µs per query of a
+flat scan (matrix-vector product + :func:`adawidth.prefix.top_k`) against :func:`adawidth.levels.search`
+(exact): SciFact (5,183 documents, PCA) 90-95 vs 102-106; Gaussian corpora with SciFact's spectrum, 6,000:
+117 vs 127, 8,000: 144 vs 151, 10,000: 246 vs 177, 20,000: 1,043 vs 308, 50,000: 2,889 vs 951.  Gateways
+set it with ``ADAWIDTH_LEVEL_SCAN_MIN_DOCS`` (0: always the level scan).
+"""
+
+
 class IndexVersion:
     """One immutable, loaded version (its files: :mod:`engine.version.manifest`)."""
 
@@ -98,6 +110,8 @@ class IndexVersion:
         self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
         self.recall_policy = None  # engine.recall.RecallPolicy: per-query confidence of policy 'recall'
         self.level_threads = 1  # kernel threads of one query's level scan (the gateway sets it from N and cores)
+        # width 'full' on fewer documents is one flat scan (the same exact answer; faster there)
+        self.level_scan_min_docs = LEVEL_SCAN_MIN_DOCS
         # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
         self.manifest_default_policy: str | None = (manifest.policy.default if manifest.policy is not None else None) or (
             "funnel" if funnel_policy is not None else "router" if routers else None)

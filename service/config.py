@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.home import with_home_defaults
+from engine.index import LEVEL_SCAN_MIN_DOCS
 from engine.stage1 import Stage1Provider
 
 MIN_SECRET_CHARS = 16
@@ -67,6 +68,9 @@ class GatewaySettings(BaseSettings):
     level_threads: int = Field(0, ge=0, description="Threads of one query's level scan (width 'full', policy "
                                                    "'recall'); 0 = every core. The kernel keeps at least 32,768 "
                                                    "documents a thread, so small corpora scan on one.")
+    level_scan_min_docs: int = Field(LEVEL_SCAN_MIN_DOCS, ge=0, description="Documents from which width 'full' "
+                                     "is served by the certified level scan; smaller versions answer it with one "
+                                     "flat scan (the same exact answer, faster there). 0 = always the level scan.")
     faiss_threads: int = Field(1, ge=1, description="OpenMP threads for faiss; one is fastest for single queries.")
     prefer_gpu: bool = Field(True, description="Use CUDA for the encoder when onnxruntime-gpu and a GPU are present.")
     default_tier: Literal["mips", "auto", "maxsim", "cross_encoder"] = Field(

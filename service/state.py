@@ -46,6 +46,7 @@ class GatewayState:
                                        settings.canary_queries)
         self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
         self.versions.level_threads = settings.level_threads
+        self.versions.level_scan_min_docs = settings.level_scan_min_docs
         self.registry = None  # engine.registry.Registry, None when a version is pinned
         self.follower = None  # service.follower.RegistryFollower
         self.load_error: str | None = None

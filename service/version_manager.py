@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.index import IndexVersion
+from engine.index import LEVEL_SCAN_MIN_DOCS, IndexVersion
 from engine.pipeline import Pipeline, capabilities
 from engine.plan import SearchSpec
 from engine.stage1 import Stage1Unavailable
@@ -75,6 +75,7 @@ class VersionManager:
         self.canary_queries = tuple(canary_queries)
         self.level_threads = 0  # kernel threads of one query's level scan; 0: every core (the kernel keeps
         # at least 32,768 rows a thread, so a small corpus scans on one)
+        self.level_scan_min_docs = LEVEL_SCAN_MIN_DOCS  # width full: one flat scan below it (engine.index)
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
         self._live: str | None = None
@@ -182,6 +183,7 @@ class VersionManager:
         try:
             v = IndexVersion.load(path, expect=expect, stage1=self.stage1)
             v.level_threads = self.level_threads or os.cpu_count() or 1
+            v.level_scan_min_docs = self.level_scan_min_docs
             return v
         except Stage1Unavailable as e:
             if e.transient:  # the engine did not answer: not a verdict on the version; retried next reconcile

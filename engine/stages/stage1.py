@@ -8,7 +8,9 @@ By policy (:mod:`engine.plan`):
 - ``funnel``: the first coordinate block of every document and the policy's evidence
   (:func:`adawidth.stage1_policy.evidence`).
 - ``exact``, ``recall``: the first level of the certified level scan (:func:`adawidth.levels.begin`) where
-  the version stores levels; else (versions built before levels) the exhaustive full-width scan.
+  the version stores levels; else (versions built before levels), and for ``exact`` on fewer than
+  ``version.level_scan_min_docs`` documents (:data:`engine.index.LEVEL_SCAN_MIN_DOCS`), the exhaustive
+  full-width scan.
 
 The allowed set (filter ∧ access policy ∧ quoted phrases, §20.2 of 003) is computed here once and applied
 before any top-k: stage 1 only ever sees allowed documents.
@@ -59,7 +61,7 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
     N = version.size
     n_allowed = N if allowed is None else int(allowed.sum())
     c = Candidates.empty()
-    if plan.policy == "exact" and getattr(version, "levels", None) is None:
+    if plan.policy == "exact" and (getattr(version, "levels", None) is None or N < version.level_scan_min_docs):
         rows, top = version.stage1.full(query, plan.depth, allowed)
         c = c.ranked(rows, top, version.dimension)
         c.work["stage1"] = N * version.dimension
