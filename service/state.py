@@ -47,7 +47,7 @@ class GatewayState:
         self.encoder = None
         self.maxsim = None  # engine.scorers.MaxSimScorer once the encoder is loaded
         self.cross_encoder = None  # engine.scorers.CrossEncoderScorer when an export is present
-        # the collections served, by name (settings.collections; the default one first when listed first)
+        # the collections served, by name, in the order of settings.collections
         self.collections: dict[str, VersionManager] = {}
         stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
         for name in settings.collections:
@@ -249,13 +249,15 @@ class GatewayState:
         if plan.policy in ("exact", "recall"):
             m.observe_levels(t, version.size * version.dimension)
         # the escalation-drift alert compares this ratio with the version's default rho: count only queries the
-        # width router decided at that rho (not a client's own rho)
-        if plan.policy == "router" and "rho" in plan.defaulted:
+        # width router decided at that rho (not a client's own rho), on the default collection (whose target
+        # adawidth_escalation_target_ratio exports)
+        default = version.collection == self.settings.collection
+        if plan.policy == "router" and "rho" in plan.defaulted and default:
             m.routed.inc()
             if t["escalated"]:
                 m.escalations.inc()
-        if (plan.mode == "dense" and not plan.restricted and t["tier"] == "mips" and result.embedding is not None
-                and version.collection == self.settings.collection):
+        if plan.mode == "dense" and not plan.restricted and t["tier"] == "mips" and result.embedding is not None \
+                and default:
             # O(1); compared off the request path; the default collection's only (its baseline is the one exported)
             width = {"exact": "full", "fixed": plan.width}.get(plan.policy, "auto")
             self.online_cus.offer(version, result.embedding, result.ids, width)
