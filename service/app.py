@@ -2,8 +2,10 @@
 ``POST /v1/collections/{name}/search``, the batch searches ``POST /v1/collections/{name}/search/batch`` and
 ``POST /v1/search/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` and ``/admin/*``.
 
-The collection-scoped routes look the name up in :attr:`service.state.GatewayState.collections` (one entry
-today: ``settings.collection``); an unknown name is 404 ``unknown_collection``.
+The collection-scoped routes look the name up in :attr:`service.state.GatewayState.collections` (every
+collection of ``settings.collections``, each with its own versions and registry follower); an unknown name is
+404 ``unknown_collection``.  ``POST /v1/search`` and ``/v1/search/batch`` search the default collection
+(``settings.collection``).
 
 A batch is one unit of work: the body-size limit applies to the whole body, it takes one admission slot of
 the limiter and the request's one fixed deadline (``search_deadline_s``, not scaled by its size), and its
@@ -208,21 +210,33 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", responses={503: {"description": "Not ready: no index version or encoder loaded."}})
+    @app.get("/readyz", responses={503: {"description": "Not ready: the encoder, or a live version of some "
+                                                      "collection served, is not loaded."}})
     async def readyz():
-        """Readiness: 503 while no index version or encoder is loaded; else 200 with ``status`` "ready", or
-        "degraded" when the registry is unreachable or its live version was refused here (the replica still
-        serves its own live version correctly, so it stays in rotation; see deploy/CUTOVER.md)."""
+        """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
+        ``status`` "ready", or "degraded" when the registry is unreachable or a collection's registry live version
+        was refused here (the replica still serves its own live versions correctly, so it stays in rotation; see
+        deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
+        every served collection's live version, documents and registry view."""
+        per = {name: state.collection_status(name) for name in state.collections}
+        missing = [name for name, c in per.items() if c["index_version"] is None]
+        if state.encoder is None or missing:
+            reason = state.load_error if state.encoder is None else "; ".join(
+                state.load_errors.get(name) or f"collection {name!r}: no live version loaded" for name in missing)
+            return JSONResponse({"status": "not_ready", "reason": reason or "no live version loaded",
+                                 "collections": per}, status_code=503)
         live = state.live
-        if live is None or state.encoder is None or state.live_docs.pending:
-            return JSONResponse({"status": "not_ready", "reason": state.load_error or "no live version loaded"},
-                                status_code=503)
-        reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}
-        return {"status": "degraded" if reg["degraded"] else "ready", "collection": live.collection,
+        if state.live_docs.pending:  # the write-ahead logs are being replayed
+            return JSONResponse({"status": "not_ready", "reason": "replaying the write-ahead logs",
+                                 "collections": per}, status_code=503)
+        reg = {k: v for k, v in per[settings.collection].items() if k not in ("index_version", "documents")}
+        degraded = list(reg["degraded"]) + [f"collection {name!r}: {d}" for name, c in per.items()
+                                            if name != settings.collection for d in c["degraded"]]
+        return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,
                           "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None},
-                **reg}
+                **reg, "degraded": degraded, "collections": per}
 
 
     @app.get("/metrics", response_class=Response,

@@ -230,9 +230,11 @@ class VersionManager:
             v = self._held[version].version
             if self.metrics is not None:
                 m = self.metrics
-                m.live_version.clear()
+                if old is not None:  # this collection's series only: other collections keep theirs
+                    with contextlib.suppress(KeyError):
+                        m.live_version.remove(self.collection, old)
                 m.live_version.labels(self.collection, version).set(1)
-                m.index_documents.set(v.size)
+                m.index_documents.labels(self.collection).set(v.size)
                 if old is not None:
                     (m.rollbacks if action == "rollback" else m.cutovers).labels(self.collection).inc()
             self._collect_locked()
@@ -255,4 +257,4 @@ class VersionManager:
 
     def _gauge_locked(self) -> None:
         if self.metrics is not None:
-            self.metrics.loaded_versions.set(len(self._held))
+            self.metrics.set_loaded(self.collection, len(self._held))
