@@ -139,10 +139,10 @@ class FaissStage1:
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
         """See :meth:`Stage1Backend.shortlist`; a faiss ID selector restricts the scan to ``allowed``.
 
-        Below :data:`NUMPY_SHORTLIST_MAX_DOCS` documents the same inner products come from one matrix-vector
-        product over the index's vectors and :func:`adawidth.prefix.top_k` (ties to the lower row).
+        Unrestricted, below :data:`NUMPY_SHORTLIST_MAX_DOCS` documents, the same inner products come from one
+        matrix-vector product over the index's vectors and :func:`adawidth.prefix.top_k` (ties to the lower row).
         """
-        if self._prefixes is not None:
+        if self._prefixes is not None and allowed is None:  # (a selector skips the disallowed rows: faiss)
             return _exact_shortlist(self._prefixes, query_prefix, size, allowed, self.docs, self.doc_sqnorm_m0)
         qp = np.asarray(query_prefix, np.float32)[None, :]
         if allowed is None:
