@@ -18,7 +18,7 @@ Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels o
 adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
 
 Defaults: ``nlist = round(4 sqrt(N))`` (at least 1, at most N / 39 so k-means has 39 points a centroid),
-``M = 32``, ``efConstruction = 80``, Panorama levels 8.  The served candidates are rescored exactly at full
+``M = 32``, ``efConstruction = 80``, Panorama levels 8 (IVF Panorama lists padded to batches of 128).  The served candidates are rescored exactly at full
 width (:mod:`engine.stages.rescore`), so the ANN index only decides *which* documents are candidates.
 
 Effort tuning (:func:`tune_effort`): the realised recall@10 against exhaustive search of each effort of a grid
@@ -165,6 +165,11 @@ def bytes_per_document(backend: str, n: int, d: int, params: AnnParams | None = 
             out["graph"] = hnsw_graph_bytes_per_document(params.M)
         if backend.endswith("panorama"):
             out["panorama"] = 4.0 * (params.n_levels + 1)
+        if backend == "ivf_panorama":  # each list padded to whole batches of PANORAMA_BATCH
+            avg = max(n / max(params.nlist, 1), 1.0)
+            pad = math.ceil(avg / PANORAMA_BATCH) * PANORAMA_BATCH / avg
+            out["vectors"] *= pad
+            out["panorama"] *= pad
     else:
         raise ValueError(f"backend must be 'flat' or one of {ANN_KINDS}, got {backend!r}")
     out["total"] = float(sum(v for v in out.values()))
@@ -266,7 +271,9 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
         if k == "ivf":
             index = faiss.IndexIVFFlat(quantizer, d, params.nlist, faiss.METRIC_INNER_PRODUCT)
         else:
-            index = faiss.IndexIVFFlatPanorama(quantizer, d, params.nlist, params.n_levels, faiss.METRIC_INNER_PRODUCT)
+            # lists are padded to whole batches: faiss's default batch of 1024 would pad 250-document lists 4x
+            index = faiss.IndexIVFFlatPanorama(quantizer, d, params.nlist, params.n_levels, faiss.METRIC_INNER_PRODUCT,
+                                               True, PANORAMA_BATCH)
         index.cp.seed = int(seed)
         index.train(X)
         index.add(X)
