@@ -22,23 +22,30 @@ from engine.pipeline import Pipeline
 from engine.plan import SearchSpec
 from engine.version.manifest import SCHEMA_VERSION, read_manifest
 from service.models import Trace
-from tests.conftest import SCIFACT, VAR
-from trainer.build import BuildOptions, build_index
-from trainer.config import TrainerSettings
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from engine.version import store
+from service.app import create_app
+from service.config import GatewaySettings
+from tests.conftest import SCIFACT, VAR, build_home
 from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def ann_build(tmp_path_factory, encoder_dir, encoder):
-    home = tmp_path_factory.mktemp("ann-build")
-    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
-                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
-    path, manifest = build_index(BuildOptions(dataset=SCIFACT, rotation="pca", ann="hnsw", capacity=False,
-                                              publish=False, action_pairs=((64, 128),), default_pair=(64, 128)),
-                                 settings, encoder)
-    return path, manifest
+def ann_home(tmp_path_factory, encoder_dir, encoder):
+    """A home whose live SciFact version has an HNSW first stage (PCA rotation, one router)."""
+    return build_home(tmp_path_factory.mktemp("ann-home"), encoder_dir, encoder, rotation="pca", ann="hnsw",
+                      capacity=False, action_pairs=((64, 128),), default_pair=(64, 128))
+
+
+@pytest.fixture(scope="module")
+def ann_build(ann_home):
+    coll = ann_home / "indexes" / "scifact"
+    path = coll / store.read_live_pointer(coll)
+    return path, read_manifest(path)
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +129,19 @@ def test_a_version_without_the_ann_section_still_loads(ann_build, tmp_path):
     assert v.ann is None and v.stage1_backend == "flat" and v.backend_report()["backend"] == "flat"
     r = Pipeline().search(v, [SearchSpec(query="q", k=10, width="full")], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
     assert r.rows[0] == 0 and r.trace["stage1_backend"] == "flat"
+
+
+def test_the_gateway_reports_the_backend_and_serves_an_unmeetable_target_exactly(ann_home):
+    app = create_app(GatewaySettings(home=ann_home, collection="scifact", redis_url=None), CollectorRegistry())
+    with TestClient(app) as client:
+        ready = client.get("/readyz").json()
+        assert ready["stage1"]["backend"] == "hnsw" and ready["stage1"]["effort_name"] == "efSearch"
+        assert ready["stage1"]["bytes_per_document"]["vectors"] == 4 * 384
+        r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 1.0})
+        assert r.status_code == 200, r.text
+        t = r.json()["trace"]
+        assert t["policy"] == "exact" and "certifies nothing" in t["served_exact_because"]
+        r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 0.95})
+        t = r.json()["trace"]
+        assert r.status_code == 200 and t["policy"] == "recall" and t["stage1_backend"] == "hnsw"
+        assert t["effort"] == app.state.gw.live.ann.effort(0.95) and t["served_exact_because"] is None
