@@ -37,6 +37,7 @@ import faiss
 import numpy as np
 
 from adawidth.prefix import prefix_normalize, top_k
+from engine import ann
 from engine.version.files import read_stage1_index
 from engine.version.manifest import Manifest
 from engine.version.milvus import (RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
@@ -392,3 +393,59 @@ class Stage1Provider:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class AnnStage1:
+    """An ANN first stage over the full-width rotated documents (issue 19; :mod:`engine.ann`), served by policy
+    ``recall``: per query an effort (nprobe or efSearch) for the recall target, the ANN candidates, then their
+    exact full-width rescoring (:mod:`engine.stages.rescore`).
+
+    Args:
+        index: the faiss index (:func:`engine.ann.build_index`, or ``ann.faiss`` of the version).
+        params: its :class:`engine.ann.AnnParams`.
+        curve: its tuning curve (:func:`engine.ann.tune_effort`): ``[{"effort", "recall", ...}]`` increasing.
+        margin_share: share of a target's miss budget added before reading the curve (:func:`engine.ann.goal`).
+        bytes_per_document: the backend's memory by part (:func:`engine.ann.bytes_per_document`).
+        min_allowed_share: below this share of allowed documents a filtered search goes to the exact path (a
+            graph or a few lists find too few allowed neighbours).
+    """
+
+    def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
+                 bytes_per_document: dict | None = None, min_allowed_share: float = 0.1):
+        self.index, self.params, self.kind = index, params, params.kind
+        self.curve = [dict(p) for p in curve]
+        self.margin_share = float(margin_share)
+        self.effort_name = ann.EFFORT_NAME[self.kind]
+        self.bytes_per_document = dict(bytes_per_document or {})
+        self.min_allowed_share = float(min_allowed_share)
+        self._efforts: dict[float, int | None] = {}
+
+    @property
+    def max_recall(self) -> float:
+        """The highest mean recall@10 the tuning queries reached (0 for an empty curve)."""
+        return max((float(p["recall"]) for p in self.curve), default=0.0)
+
+    def effort(self, target: float) -> int | None:
+        """The served effort of a recall target (cached), or None when the backend cannot meet it."""
+        if target not in self._efforts:
+            self._efforts[target] = ann.effort_for(self.curve, target, self.margin_share)
+        return self._efforts[target]
+
+    def exact_because(self, target: float, allowed: np.ndarray | None) -> str | None:
+        """Why a request of ``target`` (over ``allowed``, (N,) bool or None) must be served exactly, or None when
+        the ANN serves it."""
+        if target >= 1.0:
+            return f"recall_target {target:g}: the {self.kind} backend certifies nothing; the exact scan serves it"
+        if self.effort(target) is None:
+            return (f"recall_target {target:g} needs a tuning recall of {ann.goal(target, self.margin_share):.4f}; "
+                    f"the {self.kind} backend reached {self.max_recall:.4f} at its largest {self.effort_name}")
+        if allowed is not None:
+            share = float(np.count_nonzero(allowed)) / max(len(allowed), 1)
+            if share < self.min_allowed_share:
+                return (f"the filter allows {share:.1%} of the documents (< {self.min_allowed_share:.0%}): "
+                        f"the {self.kind} backend would miss allowed neighbours")
+        return None
+
+    def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:
+        """The ANN candidates of one rotated query ((D,) float32) at ``effort``; see :func:`engine.ann.search`."""
+        return ann.search(self.index, self.kind, query, k, effort, allowed)

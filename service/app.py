@@ -236,7 +236,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,
                           "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None},
-                **reg, "degraded": degraded, "collections": per}
+                "stage1": live.backend_report(), **reg, "degraded": degraded, "collections": per}
 
 
     @app.get("/metrics", response_class=Response,

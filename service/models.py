@@ -103,6 +103,13 @@ class Trace(BaseModel):
     reranked: int = Field(0, description="Candidates the tier reranked (0 for 'mips').")
     timings_seconds: dict[str, float] = Field(description="Seconds per stage (encode, rotate, stage1, route, "
                                                           "rescore, fuse, rerank) and total.")
+    stage1_backend: str | None = Field(None, description="Stage-1 backend of the dense lane: 'levels' (certified "
+                                       "level scan), 'flat' (exhaustive scan), an ANN kind (ivf, hnsw, "
+                                       "ivf_panorama, hnsw_panorama; issue 19), or faiss / milvus (prefix shortlist).")
+    effort: int | None = Field(None, description="ANN backends: the per-query effort used (nprobe or efSearch).")
+    effort_name: str | None = Field(None, description="ANN backends: 'nprobe' or 'efSearch'.")
+    served_exact_because: str | None = Field(None, description="Set when a 'recall' request on an ANN version was "
+                                             "served by the exact path instead, and why (e.g. recall_target 1.0).")
     delta: dict[str, int | bool] | None = Field(
         None, description="Pending writes of the collection (issue 18; null when there are none): 'documents' in "
                           "its delta segment, 'returned' of them in these results, 'masked' when deleted or "
