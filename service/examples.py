@@ -168,6 +168,18 @@ def error_example(code: str) -> dict:
     return {"error": {"code": code, "message": message, "field": field}}
 
 
+def api_routes(app) -> list:
+    """Every FastAPI route of ``app``, those of included routers too (FastAPI >= 0.160 keeps an included router
+    as one entry of ``app.routes``; each item then is its route context, which reads like the route with the
+    router's settings applied)."""
+    from fastapi import routing
+
+    iter_contexts = getattr(routing, "iter_route_contexts", None)
+    if iter_contexts is None:  # older FastAPI: include_router copies the routes into app.routes
+        return [r for r in app.routes if isinstance(r, routing.APIRoute)]
+    return [c for c in iter_contexts(app.routes) if isinstance(c.original_route, routing.APIRoute)]
+
+
 def restore_examples(doc: dict, app) -> dict:
     """``doc`` (``app``'s generated OpenAPI document) with every declared example as declared.
 
@@ -177,7 +189,6 @@ def restore_examples(doc: dict, app) -> dict:
     components named after them) and the ``example``/``examples`` of each route's ``responses`` and
     ``openapi_extra`` request body.
     """
-    from fastapi.routing import APIRoute
     from pydantic import BaseModel
 
     schemas = doc.get("components", {}).get("schemas", {})
@@ -199,8 +210,8 @@ def restore_examples(doc: dict, app) -> dict:
         if isinstance(source.get("schema"), dict) and isinstance(target.get("schema"), dict):
             put(source["schema"], target["schema"])
 
-    for route in app.routes:
-        if not isinstance(route, APIRoute) or not route.include_in_schema:
+    for route in api_routes(app):
+        if not route.include_in_schema:
             continue
         for method in route.methods:
             op = doc["paths"].get(route.path_format, {}).get(method.lower())
