@@ -117,8 +117,8 @@ def build_admin_router(state) -> APIRouter:
                 "index_version": current, "previous_version": previous}
 
     @router.post("/reload", response_model=ReloadResponse, response_model_exclude_unset=True,
-                 responses=error_responses(404, 409, 422, 503, examples={404: "unknown_collection", 409: "reload_failed",
-                                                                   422: "invalid_request"}))
+                 responses=error_responses(404, 409, 422, 503, examples={
+                     404: "unknown_collection", 409: "reload_failed", 422: "invalid_request"}))
     async def reload(body: ReloadBody | None = None):
         """Reconcile one collection (``collection``) or every collection served with the registry now; on any
         failure that collection's current version stays live (the others are still reconciled)."""

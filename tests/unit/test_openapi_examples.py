@@ -27,7 +27,8 @@ from service.parsing import check_keys
 METHODS = ("get", "put", "post", "delete", "patch")
 REQUEST_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/search"): SearchRequest, ("post", "/v1/collections/{name}/search"): SearchRequest,
-    ("post", "/v1/search/batch"): BatchSearchRequest, ("post", "/v1/collections/{name}/search/batch"): BatchSearchRequest,
+    ("post", "/v1/search/batch"): BatchSearchRequest,
+    ("post", "/v1/collections/{name}/search/batch"): BatchSearchRequest,
     ("post", "/admin/reload"): ReloadBody, ("post", "/admin/publish"): PublishBody,
     ("post", "/admin/promote"): PromoteBody, ("post", "/admin/rollback"): RollbackBody}
 
@@ -35,8 +36,8 @@ REQUEST_MODELS: dict[tuple[str, str], type[BaseModel]] = {
 def settings_of(kind: str, home: Path) -> GatewaySettings:
     if kind == "plain":
         return GatewaySettings(home=home, collection="scifact", redis_url=None)
-    return GatewaySettings(home=home, collection="scifact", redis_url=None, search_api_key="Zq4-vT9pLx2mW7cR1yB8nK3sD6fH0jGe",
-                           access_policy="header")
+    return GatewaySettings(home=home, collection="scifact", redis_url=None,
+                           search_api_key="Zq4-vT9pLx2mW7cR1yB8nK3sD6fH0jGe", access_policy="header")
 
 
 @pytest.fixture(scope="module", params=["plain", "search_key_and_tenants"])
@@ -218,3 +219,15 @@ def test_the_client_reads_the_answer_examples(doc):
 
 def test_the_document_is_generated_once(app):
     assert app.openapi() is app.openapi()
+
+
+def test_the_served_document_is_the_one_with_the_examples(tmp_path):
+    from fastapi.testclient import TestClient
+
+    app = create_app(settings_of("plain", tmp_path), load=False)
+    with TestClient(app) as client:
+        served = client.get("/openapi.json").json()
+    assert served == app.openapi()
+    error = served["paths"]["/v1/search"]["post"]["responses"]["429"]["content"]["application/json"]["example"]
+    assert error == {"error": {"code": "overloaded", "message": "too many searches in progress; retry later",
+                               "field": None}}
