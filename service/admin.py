@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.gate import run_gate
 from engine.registry.state import RegistryError, check_version_name
 from engine.version.manifest import Expect, IndexVersionError, verify
+from service import examples as ex
 from service.auth import require_admin
 from service.errors import ApiError
 from service.models import error_responses
@@ -49,18 +50,18 @@ log = logging.getLogger("service.admin")
 
 
 class PublishBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [ex.PUBLISH_BODY]})
     version: str = Field(description="Version directory name under <index_root>/<collection>/.")
 
 
 class PromoteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": ex.PROMOTE_BODIES})
     version: str | None = Field(None, description="Candidate to promote (default: the newest candidate).")
     skip_gate: bool = Field(False, description="Promote without the quality gate (recorded in the history).")
 
 
 class ReloadBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": ex.RELOAD_BODIES})
     collection: str | None = Field(None, max_length=128, description="Collection to reconcile (default: every "
                                                                      "collection served).")
 
@@ -73,6 +74,8 @@ class ReloadEntry(BaseModel):
 
 
 class ReloadResponse(ReloadEntry):
+    model_config = ConfigDict(json_schema_extra={"examples": ex.RELOAD_RESPONSES})
+
     collection: str | None = Field(None, description="The collection reconciled, when the request named one.")
     collections: dict[str, ReloadEntry] | None = Field(
         None, description="Every collection reconciled, by name, when the gateway serves several and the request "
@@ -80,8 +83,13 @@ class ReloadResponse(ReloadEntry):
 
 
 class RollbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [ex.ROLLBACK_BODY]})
     reason: str | None = Field(None, max_length=500, description="Why (recorded in the history).")
+
+
+def _ok(description: str, example: dict) -> dict:
+    """The OpenAPI entry of a 200 answered as a plain dict: its description and example."""
+    return {200: {"description": description, "content": {"application/json": {"example": example}}}}
 
 
 def _api(e: RegistryError) -> ApiError:
@@ -109,7 +117,8 @@ def build_admin_router(state) -> APIRouter:
                 "index_version": current, "previous_version": previous}
 
     @router.post("/reload", response_model=ReloadResponse, response_model_exclude_unset=True,
-                 responses=error_responses(404, 409, 422, 503))
+                 responses=error_responses(404, 409, 422, 503, examples={
+                     404: "unknown_collection", 409: "reload_failed", 422: "invalid_request"}))
     async def reload(body: ReloadBody | None = None):
         """Reconcile one collection (``collection``) or every collection served with the registry now; on any
         failure that collection's current version stays live (the others are still reconciled)."""
@@ -135,7 +144,9 @@ def build_admin_router(state) -> APIRouter:
             raise ApiError("not_ready", "this replica does not follow a registry (pinned version or not loaded)")
         return state.registry
 
-    @router.get("/registry", responses=error_responses(503))
+    @router.get("/registry", responses={**_ok("The registry state, its last 50 history events and the replicas' "
+                                                  "reports.", ex.REGISTRY),
+                                           **error_responses(503, examples={503: "registry_unavailable"})})
     async def registry_state():
         """The registry's view of this collection, its history and the replicas' reports."""
         reg = need_registry()
@@ -146,7 +157,11 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"kind": reg.kind, "state": st.as_dict(), "history": hist, "replicas": reps}
 
-    @router.post("/publish", responses=error_responses(404, 409, 422, 503))
+    @router.post("/publish", responses={**_ok("The registry state, the version now a candidate.",
+                                              {"state": ex.STATE_PUBLISHED}),
+                                          **error_responses(404, 409, 422, 503, examples={
+                                              404: "unknown_version", 409: "version_refused",
+                                              422: "invalid_version", 503: "registry_unavailable"})})
     async def publish(body: PublishBody):
         """Verify a built version's files and register it as a candidate."""
         reg = need_registry()
@@ -171,7 +186,12 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"state": st.as_dict()}
 
-    @router.post("/promote", responses=error_responses(404, 409, 422, 503))
+    @router.post("/promote", responses={**_ok("The registry state, the version now live, and the quality gate's "
+                                              "report (null when live already, {\"skipped\": true} with skip_gate).",
+                                              {"state": ex.STATE_PROMOTED, "gate": ex.GATE}),
+                                          **error_responses(404, 409, 422, 503, examples={
+                                              404: "unknown_version", 409: "gate_refused",
+                                              422: "invalid_version", 503: "registry_unavailable"})})
     async def promote(body: PromoteBody):
         """Load and warm the candidate on this replica, run the quality gate, make it live."""
         reg = need_registry()
@@ -215,7 +235,11 @@ def build_admin_router(state) -> APIRouter:
             raise _api(e) from None
         return {"state": st.as_dict(), "gate": gate}
 
-    @router.post("/rollback", responses=error_responses(409, 422, 503))
+    @router.post("/rollback", responses={**_ok("The registry state, live and previous swapped.",
+                                               {"state": ex.STATE_ROLLED_BACK}),
+                                           **error_responses(409, 422, 503, examples={
+                                               409: "no_previous", 422: "invalid_request",
+                                               503: "registry_unavailable"})})
     async def rollback(body: RollbackBody | None = None):
         """Swap live and previous; every replica follows."""
         reg = need_registry()

@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.access import principal_of
+from service import examples as ex
 from service.admin import build_admin_router
 from service.auth import require_search_key
 from service.config import GatewaySettings
@@ -78,6 +79,14 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                   description="Dense retrieval with per-query adaptive embedding width.  "
                               "Errors and their codes: docs/API.md.")
     app.state.gw = state
+    generate_openapi = app.openapi
+
+    def openapi() -> dict:  # generated once; the examples' nulls put back (service.examples.restore_examples)
+        if app.openapi_schema is None:
+            app.openapi_schema = ex.restore_examples(generate_openapi(), app)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -126,6 +135,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     search_deps = [Depends(require_search_key)] if search_key else []
     search_errors = (400, *([401] if search_key or settings.access_policy == "api_key" else []),
                      *([403] if settings.access_policy == "header" else []), 409, 413, 415, 422, 429, 503)
+    search_examples = {403: "tenant_required"}  # the error code each status's example shows, where not the default
+    batch_examples = {**search_examples, 413: "batch_too_large"}
     search_body = {"requestBody": {"required": True, "content": {
         "application/json": {"schema": search_request_schema(settings)}}}}
     batch_body = {"requestBody": {"required": True, "content": {
@@ -174,13 +185,13 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             return {"results": slots}
 
     @app.post("/v1/search", response_model=SearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors), openapi_extra=search_body)
+              responses=error_responses(*search_errors, examples=search_examples), openapi_extra=search_body)
     async def search(request: Request):
         """Search the default collection's live index version.  See ``docs/API.md`` for the error codes."""
         return await search_in(request, settings.collection)
 
     @app.post("/v1/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors), openapi_extra=batch_body)
+              responses=error_responses(*search_errors, examples=batch_examples), openapi_extra=batch_body)
     async def search_batch(request: Request):
         """Batch search of the default collection: ``{"queries": [search body, ...]}`` -> one slot per query."""
         return await search_batch_in(request, settings.collection)
@@ -191,13 +202,15 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         return {"collections": [state.collection_info(name) for name in state.collections]}
 
     @app.post("/v1/collections/{name}/search", response_model=SearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors, 404), openapi_extra=search_body)
+              responses=error_responses(*search_errors, 404, examples=search_examples),
+              openapi_extra=search_body)
     async def search_collection(request: Request, name: str):
         """Search collection ``name`` (as ``POST /v1/search``; 404 ``unknown_collection`` for a name not served)."""
         return await search_in(request, name)
 
     @app.post("/v1/collections/{name}/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors, 404), openapi_extra=batch_body)
+              responses=error_responses(*search_errors, 404, examples=batch_examples),
+              openapi_extra=batch_body)
     async def search_collection_batch(request: Request, name: str):
         """Batch search of collection ``name``: one slot per query, in request order (docs/API.md)."""
         return await search_batch_in(request, name)
@@ -205,13 +218,18 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     app.include_router(build_admin_router(state))
     app.include_router(build_write_router(state))  # live documents (issue 18)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: {"description": "The process answers.",
+                                          "content": {"application/json": {"example": ex.HEALTH}}}})
     async def healthz():
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", responses={503: {"description": "Not ready: the encoder, or a live version of some "
-                                                      "collection served, is not loaded."}})
+    @app.get("/readyz", responses={
+        200: {"description": "Ready (or degraded: still serving its own live versions).",
+              "content": {"application/json": {"example": ex.READY}}},
+        503: {"description": "Not ready: the encoder, or a live version of some collection served, is not loaded "
+                             "(or the write-ahead logs are being replayed).",
+              "content": {"application/json": {"example": ex.NOT_READY}}}})
     async def readyz():
         """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
         ``status`` "ready", or "degraded" when the registry is unreachable or a collection's registry live version
@@ -240,7 +258,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
 
     @app.get("/metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text exposition.", "content": {CONTENT_TYPE_LATEST: {}}}})
+             responses={200: {"description": "Prometheus text exposition.",
+                              "content": {CONTENT_TYPE_LATEST: {"example": ex.METRICS}}}})
     async def metrics():
         """Prometheus exposition of this replica's metrics."""
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
