@@ -157,12 +157,12 @@ class FaissStage1:
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Stage1Backend.full`: an exact numpy scan at D over the memory-mapped documents."""
-        scores = np.asarray(self.docs @ query, dtype=np.float64)
+        scores = self.docs @ np.asarray(query, dtype=np.float32)  # float32, ranked as is (widening keeps order)
         if allowed is not None:
-            scores[~allowed] = -np.inf
+            scores = np.where(allowed, scores, np.float32(-np.inf))
             k = min(k, int(allowed.sum()))
         rows = top_k(scores, k)
-        return rows, scores[rows]
+        return rows, scores[rows].astype(np.float64)
 
     def close(self) -> None:
         """Nothing to release (the index belongs to the version)."""

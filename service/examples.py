@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 
+from fastapi import routing
+from pydantic import BaseModel
+
 LIVE = "20261201T155832Z-4a31a5ef"
 """The live version of the examples (built after PREVIOUS)."""
 PREVIOUS = "20261130T063214Z-fc31887d"
@@ -172,8 +175,6 @@ def api_routes(app) -> list:
     """Every FastAPI route of ``app``, those of included routers too (FastAPI >= 0.160 keeps an included router
     as one entry of ``app.routes``; each item then is its route context, which reads like the route with the
     router's settings applied)."""
-    from fastapi import routing
-
     iter_contexts = getattr(routing, "iter_route_contexts", None)
     if iter_contexts is None:  # older FastAPI: include_router copies the routes into app.routes
         return [r for r in app.routes if isinstance(r, routing.APIRoute)]
@@ -189,8 +190,6 @@ def restore_examples(doc: dict, app) -> dict:
     components named after them) and the ``example``/``examples`` of each route's ``responses`` and
     ``openapi_extra`` request body.
     """
-    from pydantic import BaseModel
-
     schemas = doc.get("components", {}).get("schemas", {})
     todo, models = list(BaseModel.__subclasses__()), []
     while todo:
