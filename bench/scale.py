@@ -195,12 +195,9 @@ def recall_of(rows, truth) -> float:
     return float(np.mean([len(set(np.asarray(r).tolist()) & set(t.tolist())) / len(t) for r, t in zip(rows, truth)]))
 
 
-def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+def flat_method(X_rot: np.ndarray, Q: dict, faiss, set_omp) -> Method:
+    """faiss ``IndexFlatIP`` over the rotated corpus (exhaustive, the reference): method ``faiss_flat``."""
     N, D = X_rot.shape
-
-    def set_omp(t):
-        faiss.omp_set_num_threads(t)
-
     t = time.perf_counter()
     flat = faiss.IndexFlatIP(D)
     flat.add(X_rot)
@@ -210,7 +207,16 @@ def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) ->
         _, I = flat.search(Q[which][i:i + 1], K)
         return I[0], N * D
 
-    out = [Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)]
+    return Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)
+
+
+def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+    N, D = X_rot.shape
+
+    def set_omp(t):
+        faiss.omp_set_num_threads(t)
+
+    out = [flat_method(X_rot, Q, faiss, set_omp)]
     t = time.perf_counter()
     pan = faiss.IndexFlatIPPanorama(D, 8, 1024)
     pan.add(X_rot)
@@ -318,17 +324,7 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     def set_omp(t):
         faiss.omp_set_num_threads(t)
 
-    out = []
-    t = time.perf_counter()
-    flat = faiss.IndexFlatIP(D)
-    flat.add(X_rot)
-    flat_build = time.perf_counter() - t
-
-    def flat_run(i, which):
-        _, I = flat.search(Q[which][i:i + 1], K)
-        return I[0], N * D
-
-    out.append(Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp))
+    out = [flat_method(X_rot, Q, faiss, set_omp)]
     plain = [("faiss_hnsw_m16", "hnsw", 16, ANN_TARGETS), ("faiss_hnsw_m32", "hnsw", 32, ANN_TARGETS),
              ("faiss_ivf", "ivf", 32, ANN_TARGETS), ("faiss_hnsw_panorama", "hnsw_panorama", 32, (0.99,)),
              ("faiss_ivf_panorama", "ivf_panorama", 32, (0.99,))]
