@@ -217,7 +217,8 @@ def render_markdown(r: dict) -> str:
                      f"{_f(row.get('p50_ms'), '{:.1f}')} | {_f(row.get('p95_ms'), '{:.1f}')} | "
                      f"{_f(row.get('server_p50_ms'), '{:.2f}')} |")
     lines += ["", "Offline rows: exhaustive search of the whole corpus at that width. HTTP rows: the gateway's "
-                  "served path. `full`: the certified level scan (exactly the exhaustive full-width top-k); "
+                  "served path. `full`: exactly the exhaustive full-width top-k (one flat scan below 10,000 "
+                  "documents, the certified level scan above); "
                   "`auto`: declared recall@10 against it (the level scan with a data-aware bound at the confidence "
                   "the recall policy picks; multiply-adds show the work); `funnel <w>` and `router`: stage 1 on the "
                   "64-prefix over the corpus, shortlist of 500 rescored at the width. Latency is client-side over HTTP on loopback, one "
