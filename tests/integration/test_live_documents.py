@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from adawidth_client import Client, ServerExited
 from engine.io.beir import load_corpus, load_qrels, load_queries
@@ -309,6 +309,10 @@ def test_generated_writes_get_a_4xx_and_write_nothing_or_a_202_and_one_record(ga
     @settings(max_examples=120, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(body=st.one_of(st.lists(_doc, max_size=4), _json), ndjson=st.booleans())
+    # explicit examples always run: accepted writes are exercised whatever the derandomized draw holds
+    @example(body=[{"id": "gen-ok-1", "text": "a generated document about sea urchins"}], ndjson=False)
+    @example(body=[{"id": "gen-ok-2", "title": "T", "text": "another generated one", "fields": {"lang": "en"}}],
+             ndjson=True)
     def check(body, ndjson):
         before = writes(gateway)
         if ndjson and isinstance(body, list):
