@@ -38,6 +38,9 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
 * 3 -- adds ``levels`` (the level-major corpus of the certified level scan) and ``recall_policy`` (policy
   ``recall``, a declared recall@k); the default policy of a version that has both is ``recall``.  Versions of
   schema 1 and 2 have neither and serve their old policies (``width: "full"`` by the exhaustive scan).
+* 4 -- adds ``writes`` (issue 18): the last write-ahead-log sequence number folded into the version, the version
+  it was folded onto, and whether the rotation, routers and recall policy were reused or refitted (the drift
+  check).  Versions of schemas 1-3 (and any built from a corpus alone) folded nothing: folded sequence 0.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ from adawidth.router import FEATURE_NAMES
 from adawidth.tiers import TIERS
 from engine.io.checksum import sha256_file
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema this build writes."""
-READABLE_SCHEMAS = (1, 2, 3)
+READABLE_SCHEMAS = (1, 2, 3, 4)
 """The schemas this build reads."""
 MANIFEST = "manifest.json"
 
@@ -231,6 +234,23 @@ class RecallPolicySection(_Section):
     calibration_queries: int = 0
 
 
+class WritesSection(_Section):
+    """Live documents folded into the version (issue 18, :mod:`trainer.fold`).
+
+    The version holds the documents of ``base_version`` with every write-ahead-log record of sequence number
+    in (``base_folded_seq``, ``folded_seq``] applied (upserts replaced or added, deletes removed).  ``fitting``
+    says whether the rotation, routers and recall policy (and the level layout) were reused from the base
+    version (``reused``) or fitted again (``refitted``: the drift check said retrain); ``drift`` holds the
+    check's figures.
+    """
+
+    folded_seq: int = Field(ge=0, description="The last write sequence number this version holds.")
+    base_version: str | None = None
+    base_folded_seq: int = Field(0, ge=0)
+    fitting: str = Field("reused", description="'reused' or 'refitted'.")
+    drift: dict | None = None
+
+
 class PolicySection(_Section):
     """The policy ``width: "auto"`` uses on this version by default (``router``, ``funnel``, ``recall``, ...;
     None: the funnel policy when the version has one, else the width router)."""
@@ -265,6 +285,7 @@ class Manifest(BaseModel):
     policy: PolicySection | None = None
     levels: LevelsSection | None = None
     recall_policy: RecallPolicySection | None = None
+    writes: WritesSection | None = None
     evaluation: dict | None = None
     capacity: dict | None = None
     build_seconds: dict | None = None
