@@ -151,11 +151,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fold(args, settings) -> int:
     """``trainer fold``: one fold; prints its report as JSON (exit 2 with a message when it cannot fold)."""
-    from trainer.fold import FoldError, fold_collection  # imports trainer.build, so torch (see main)
+    from trainer.fold import FoldError, fold_collection, live_version  # imports trainer.build, so torch (see main)
 
     threshold = settings.fold_drift_threshold if args.drift_threshold is None else args.drift_threshold
     if not threshold >= 0:
         print(f"error: --drift-threshold must be >= 0, got {threshold}", file=sys.stderr)
+        return 2
+    try:
+        live = live_version(settings, args.collection)
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if live is None:  # before the encoder loads
+        print(f"error: collection {args.collection!r} under {settings.index_root} has no live version to fold onto",
+              file=sys.stderr)
         return 2
     export_encoder(settings.encoder_dir)
     encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
