@@ -17,13 +17,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
+from threadpoolctl import threadpool_limits
 
 from engine.io.beir import load_qrels, load_queries
 from engine.registry import open_registry
 from engine.version import store
 from engine.version.manifest import read_manifest
+from engine.wal import FileWriteLog
 from tests.conftest import ROOT, SCIFACT, VAR, build_home
 from tests.integration.test_live_documents import AUTH, C, copy_home, put, running, search, writes
+from trainer.build import BuildOptions
+from trainer.config import TrainerSettings
+from trainer.serve import TrainerDaemon, TrainerMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +187,23 @@ def test_fold_refuses_bad_input(tmp_path, pristine_home):
     assert r.returncode == 2 and "no live version" in r.stderr and "Traceback" not in r.stderr
     r = trainer(pristine_home, "fold", "--collection", "scifact", "--drift-threshold", "-1")
     assert r.returncode == 2 and "--drift-threshold" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_trainer_daemon_folds_at_its_size_threshold(pristine_home, tmp_path, claims, encoder, encoder_dir):
+    home = copy_home(pristine_home, tmp_path / "home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None, fold_min_writes=5,
+                               fold_interval_seconds=0,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    daemon = TrainerDaemon(BuildOptions(dataset=SCIFACT, collection="scifact", rotation="pca"), settings, encoder,
+                           TrainerMetrics(CollectorRegistry()))
+    log = FileWriteLog(coll_dir(home) / "wal")
+    log.append({"op": "upsert", "docs": [{"id": i, "title": "", "text": t, "fields": {}} for i, t in claims[:4]]})
+    assert daemon.maybe_fold() is None  # 4 < 5: not due
+    log.append({"op": "delete", "ids": [claims[0][0]]})
+    log.close()
+    with threadpool_limits(limits=1):
+        version = daemon.maybe_fold()
+    assert version is not None and store.read_live_pointer(coll_dir(home)) == version  # promoted (no gate set)
+    assert read_manifest(coll_dir(home) / version).writes.folded_seq == 2
+    assert daemon.metrics.folds.labels("success")._value.get() == 1
+    assert daemon.maybe_fold() is None  # nothing pending any more
