@@ -619,14 +619,19 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
         return
     opts = ctx.opts
     with ctx.timer("evaluation"):
-        ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels, ctx.funnel,
-                                   ctx.R, ctx.routers)
         texts = [ctx.col.queries[q] for q in ctx.test.ids]
         subsets = {"all": None}
-        if ctx.train_qrels:
-            subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
+        if ctx.base is not None:  # a fold: the served policies only (the static table compares rotations)
+            ctx.evaluation = {"split": ctx.eval_split, "queries": len(ctx.test.ids),
+                              "note": "a fold reusing the base version's fitted parts: served/<policy> only, the "
+                                      "gateway's pipeline on the version as written (engine.pipeline.Pipeline)"}
         else:
-            ctx.evaluation.pop("_unseen")
+            ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels,
+                                       ctx.funnel, ctx.R, ctx.routers)
+            if ctx.train_qrels:
+                subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
+            else:
+                ctx.evaluation.pop("_unseen")
         version = served_version(ctx)
         ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets)
         if ctx.policy is not None:
