@@ -38,9 +38,10 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
 * 3 -- adds ``levels`` (the level-major corpus of the certified level scan) and ``recall_policy`` (policy
   ``recall``, a declared recall@k); the default policy of a version that has both is ``recall``.  Versions of
   schema 1 and 2 have neither and serve their old policies (``width: "full"`` by the exhaustive scan).
-* 4 -- adds ``writes`` (issue 18): the last write-ahead-log sequence number folded into the version, the version
+* 4 -- (on main) adds ``ann``, the ANN first stage of issue 19.
+* 5 -- adds ``writes`` (issue 18): the last write-ahead-log sequence number folded into the version, the version
   it was folded onto, and whether the rotation, routers and recall policy were reused or refitted (the drift
-  check).  Versions of schemas 1-3 (and any built from a corpus alone) folded nothing: folded sequence 0.
+  check).  Versions of schemas 1-4 (and any built from a corpus alone) folded nothing: folded sequence 0.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ from adawidth.router import FEATURE_NAMES
 from adawidth.tiers import TIERS
 from engine.io.checksum import sha256_file
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this build writes."""
-READABLE_SCHEMAS = (1, 2, 3, 4)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 """The schemas this build reads."""
 MANIFEST = "manifest.json"
 

@@ -108,7 +108,7 @@ def test_fold_promote_rollback_and_fold_again(pristine_home, tmp_path, claims):
         assert report["encoded_now"] <= half  # only the new texts (the corpus comes from the cache)
         new = report["version"]
         m = read_manifest(coll_dir(home) / new)
-        assert m.schema_version == 4 and m.writes.folded_seq == folded_seq and m.writes.base_version == base
+        assert m.schema_version == 5 and m.writes.folded_seq == folded_seq and m.writes.base_version == base
         assert m.corpus.documents == len(base_ids) - DELETES + half - 1
         assert m.adapter.sha256 == read_manifest(coll_dir(home) / base).adapter.sha256  # the rotation reused
 
