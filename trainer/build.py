@@ -343,7 +343,11 @@ def _read_given_documents(ctx: BuildContext) -> None:
     ctx.name = opts.collection or ctx.col.name
     ctx.doc_ids = [d.doc_id for d in ctx.col.corpus]
     ctx.row_of = {d: i for i, d in enumerate(ctx.doc_ids)}
-    ctx.train_qrels = load_qrels(folder, ctx.train_split) if ctx.train_split and opts.reuse_from is None else {}
+    train = load_qrels(folder, ctx.train_split) if ctx.train_split and opts.reuse_from is None else {}
+    # training judgments of documents no longer in the corpus (deleted) are dropped: a query left with no
+    # relevant document trains nothing (the adapter refuses such queries)
+    ctx.train_qrels = {q: kept for q, j in train.items()
+                       if any(g > 0 for g in (kept := {d: g for d, g in j.items() if d in ctx.row_of}).values())}
     ctx.eval_qrels = eval_qrels
 
 
