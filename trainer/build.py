@@ -346,8 +346,8 @@ def _read_given_documents(ctx: BuildContext) -> None:
     train = load_qrels(folder, ctx.train_split) if ctx.train_split and opts.reuse_from is None else {}
     # training judgments of documents no longer in the corpus (deleted) are dropped: a query left with no
     # relevant document trains nothing (the adapter refuses such queries)
-    ctx.train_qrels = {q: kept for q, j in train.items()
-                       if any(g > 0 for g in (kept := {d: g for d, g in j.items() if d in ctx.row_of}).values())}
+    kept = {q: {d: g for d, g in j.items() if d in ctx.row_of} for q, j in train.items()}
+    ctx.train_qrels = {q: j for q, j in kept.items() if any(g > 0 for g in j.values())}
     ctx.eval_qrels = eval_qrels
 
 

@@ -29,6 +29,7 @@ from tests.conftest import ROOT, SCIFACT, VAR, build_home
 from tests.integration.test_live_documents import AUTH, C, copy_home, put, running, search, writes
 from trainer.build import BuildOptions
 from trainer.config import TrainerSettings
+from trainer.fold import fold_collection
 from trainer.serve import TrainerDaemon, TrainerMetrics
 
 pytestmark = pytest.mark.integration
@@ -207,3 +208,21 @@ def test_the_trainer_daemon_folds_at_its_size_threshold(pristine_home, tmp_path,
     assert read_manifest(coll_dir(home) / version).writes.folded_seq == 2
     assert daemon.metrics.folds.labels("success")._value.get() == 1
     assert daemon.maybe_fold() is None  # nothing pending any more
+
+
+def test_a_drift_beyond_the_threshold_refits(pristine_home, tmp_path, claims, encoder, encoder_dir):
+    home = copy_home(pristine_home, tmp_path / "home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    train = load_qrels(SCIFACT, "train")
+    gone = sorted({d for j in list(train.values())[:3] for d, g in j.items() if g > 0})  # every positive of 3 queries
+    log = FileWriteLog(coll_dir(home) / "wal")
+    log.append({"op": "upsert", "docs": [{"id": i, "title": "", "text": t, "fields": {}} for i, t in claims[:3]]})
+    log.append({"op": "delete", "ids": gone})
+    log.close()
+    with threadpool_limits(limits=1):
+        report = fold_collection(settings, encoder, "scifact", drift_threshold=-1.0)  # any difference is drift
+    assert report["folded"] and report["fitting"] == "refitted" and report["drift"]["exceeded"]
+    m = read_manifest(coll_dir(home) / report["version"])
+    assert m.writes.fitting == "refitted" and m.writes.folded_seq == 2 and m.router.pairs and m.recall_policy
+    assert not set(gone) & set(json.loads((coll_dir(home) / report["version"] / "doc_ids.json").read_text()))
