@@ -294,9 +294,12 @@ class Client(_Base):
 
     # ---------------------------------------------------------------- admin (admin_key)
 
-    def reload(self) -> ReloadResult:
-        """``POST /admin/reload``: reconcile with the version registry now."""
-        return ReloadResult.from_json(self._send(_Call("POST", "/admin/reload", admin=True, idempotent=False)).json())
+    def reload(self, collection: str | None = None) -> ReloadResult:
+        """``POST /admin/reload``: reconcile ``collection`` (default: every collection served) with the version
+        registry now."""
+        body = None if collection is None else {"collection": collection}
+        return ReloadResult.from_json(self._send(_Call("POST", "/admin/reload", body, admin=True,
+                                                       idempotent=False)).json())
 
     def publish(self, version: str) -> dict:
         """``POST /admin/publish``: verify a built version and register it as a candidate; ``{"state": ...}``."""
@@ -424,9 +427,10 @@ class AsyncClient(_Base):
         """See :meth:`Client.metrics`."""
         return (await self._send(_Call("GET", "/metrics"))).text
 
-    async def reload(self) -> ReloadResult:
+    async def reload(self, collection: str | None = None) -> ReloadResult:
         """See :meth:`Client.reload`."""
-        return ReloadResult.from_json((await self._send(_Call("POST", "/admin/reload", admin=True,
+        body = None if collection is None else {"collection": collection}
+        return ReloadResult.from_json((await self._send(_Call("POST", "/admin/reload", body, admin=True,
                                                               idempotent=False))).json())
 
     async def publish(self, version: str) -> dict:

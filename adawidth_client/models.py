@@ -130,6 +130,15 @@ class Trace:
     tier: Literal["mips", "maxsim", "cross_encoder"] = "mips"
     tier_predicted: Literal["mips", "maxsim", "cross_encoder"] | None = None
     reranked: int = 0
+    stage1_backend: str | None = None
+    """Stage-1 backend of the dense lane: 'levels', 'flat', 'faiss', 'milvus' or an ANN kind ('hnsw', 'ivf', ...)."""
+    effort: int | None = None
+    """ANN backends: the effort used (nprobe or efSearch, see ``effort_name``)."""
+    effort_name: str | None = None
+    served_exact_because: str | None = None
+    """Set when a 'recall' request on an ANN version was served by the exact path, and why."""
+    delta: dict[str, int | bool] | None = None
+    """Pending writes of the collection (null when none): documents in its delta segment, returned here, masked."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Trace fields this client does not model yet."""
 
@@ -239,6 +248,10 @@ class ReloadResult:
     status: Literal["reloaded", "unchanged"]
     index_version: str | None
     previous_version: str | None
+    collection: str | None = None
+    """The collection reconciled, when the request named one."""
+    collections: dict[str, Any] | None = None
+    """Every collection reconciled, by name, when the gateway serves several and the request named none."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

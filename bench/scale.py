@@ -26,9 +26,28 @@ p50_ms, p95_ms, p99_ms, qps, memory_mib, coordinates_per_query (multiply-adds), 
 build_s, params.  Latencies exclude encoding; ours include rotating the query, planning and the recall
 policy's LightGBM call.
 
+ANN methods (issue 19; ``--methods ann``, or ``all`` for both sets), each tuned on the **training** queries to
+recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.effort_grid` reaching t):
+
+* ``faiss_flat`` (the exhaustive reference, in both sets);
+* ``faiss_hnsw_m16_r<t>``, ``faiss_hnsw_m32_r<t>``: ``IndexHNSWFlat`` (inner product, efConstruction 80),
+  efSearch tuned, t in {0.95, 0.99};
+* ``faiss_ivf_r<t>``: ``IndexIVFFlat`` (nlist = 4 sqrt(N)), nprobe tuned;
+* ``faiss_hnsw_panorama_r0.99``, ``faiss_ivf_panorama_r0.99``: their Panorama variants on our rotation;
+* ``ours_fixed_r<t>``: policy ``recall`` through the pipeline on an in-memory version holding an ANN first stage
+  (``--ours-ann``, default ``hnsw``, M = 32) whose effort is tuned to exactly t (no margin) on the training
+  queries; candidates rescored exactly at full width;
+* ``ours_recall_<t>``: the same version as the gateway serves ``recall_target: t`` (the effort of the served
+  margin, 0.25 of the miss budget; a per-query effort model is not built yet, so this is a static effort too).
+
+ANN rows carry ``"family": "ann"``; a run with ``--methods ann`` replaces in ``summary.json`` only the rows of
+the same corpus, N, method, threads and family, and keeps every other row.  A recall-versus-p50 plot per
+corpus goes to ``ann_<corpus>.png``.
+
 Usage (run alone on the machine; it pins BLAS/OpenMP threads itself)::
 
     python -m bench.scale --corpora scifact debdocs synthetic --threads 1 2
+    python -m bench.scale --methods ann --corpora synthetic --synthetic-n 1000000 --threads 1 2
 """
 
 from __future__ import annotations
@@ -50,10 +69,12 @@ from adawidth import levels  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
 from adawidth.rotation import pca_rotation  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
+from engine import ann  # noqa: E402
 from engine.index import IndexVersion  # noqa: E402
 from engine.pipeline import Pipeline  # noqa: E402
 from engine.plan import SearchSpec  # noqa: E402
 from engine.recall import RecallPolicy  # noqa: E402
+from engine.stage1 import AnnStage1  # noqa: E402
 from trainer.recall_fit import calibration_report, fit_recall_policy, recall_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +84,7 @@ FUNNEL_M1 = (16, 32, 48, 64)
 FUNNEL_C = (20, 50, 100, 200, 500, 1000, 2000)
 FUNNEL_RECALL = 0.99
 MIB = 1 << 20
+ANN_TARGETS = (0.95, 0.99)
 
 
 # ------------------------------------------------------------------------------------------------ corpora
@@ -154,6 +176,7 @@ class Method:
     def __init__(self, name, run, memory_bytes, build_s, params=None, set_threads=None):
         self.name, self.run, self.memory_bytes, self.build_s = name, run, memory_bytes, build_s
         self.params, self.set_threads = params or {}, set_threads or (lambda t: None)
+        self.family = None  # "ann" for the methods of issue 19
 
 
 def exhaustive(X_rot: np.ndarray, Q_rot: np.ndarray, k: int = K) -> np.ndarray:
@@ -172,12 +195,9 @@ def recall_of(rows, truth) -> float:
     return float(np.mean([len(set(np.asarray(r).tolist()) & set(t.tolist())) / len(t) for r, t in zip(rows, truth)]))
 
 
-def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+def flat_method(X_rot: np.ndarray, Q: dict, faiss, set_omp) -> Method:
+    """faiss ``IndexFlatIP`` over the rotated corpus (exhaustive, the reference): method ``faiss_flat``."""
     N, D = X_rot.shape
-
-    def set_omp(t):
-        faiss.omp_set_num_threads(t)
-
     t = time.perf_counter()
     flat = faiss.IndexFlatIP(D)
     flat.add(X_rot)
@@ -187,7 +207,16 @@ def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) ->
         _, I = flat.search(Q[which][i:i + 1], K)
         return I[0], N * D
 
-    out = [Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)]
+    return Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)
+
+
+def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+    N, D = X_rot.shape
+
+    def set_omp(t):
+        faiss.omp_set_num_threads(t)
+
+    out = [flat_method(X_rot, Q, faiss, set_omp)]
     t = time.perf_counter()
     pan = faiss.IndexFlatIPPanorama(D, 8, 1024)
     pan.add(X_rot)
@@ -275,6 +304,135 @@ def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarr
     return out, report
 
 
+def _faiss_ann(kind: str, X_rot: np.ndarray, M: int = 32):
+    """(index, params, build seconds) of one faiss ANN kind over the rotated documents."""
+    params = ann.default_params(kind, len(X_rot), M=M)
+    t = time.perf_counter()
+    index = ann.build_index(X_rot, params)
+    return index, params, time.perf_counter() - t
+
+
+def _index_bytes(index, faiss) -> int:
+    return int(faiss.serialize_index(index).nbytes)
+
+
+def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict, doc_ids, faiss,
+                ours_kind: str = "hnsw") -> list[Method]:
+    """The ANN methods of issue 19 (module docstring); efforts tuned on the training queries."""
+    N, D = X_rot.shape
+
+    def set_omp(t):
+        faiss.omp_set_num_threads(t)
+
+    out = [flat_method(X_rot, Q, faiss, set_omp)]
+    plain = [("faiss_hnsw_m16", "hnsw", 16, ANN_TARGETS), ("faiss_hnsw_m32", "hnsw", 32, ANN_TARGETS),
+             ("faiss_ivf", "ivf", 32, ANN_TARGETS), ("faiss_hnsw_panorama", "hnsw_panorama", 32, (0.99,)),
+             ("faiss_ivf_panorama", "ivf_panorama", 32, (0.99,))]
+    built = {}
+    for name, kind, M, targets in plain:
+        index, params, build_s = _faiss_ann(kind, X_rot, M)
+        t = time.perf_counter()
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=max(targets) + 0.005)
+        tune_s = time.perf_counter() - t
+        built[(kind, M)] = (index, params, curve, build_s)
+        mem = _index_bytes(index, faiss)
+        print(f"  {name}: built in {build_s:.1f}s, tuned in {tune_s:.1f}s: "
+              + ", ".join(f"{c['effort']}:{c['recall']:.3f}" for c in curve), flush=True)
+        for tgt in targets:
+            effort = ann.effort_for(curve, tgt) or curve[-1]["effort"]
+            if kind.startswith("ivf"):
+                p = faiss.SearchParametersIVF()
+                p.nprobe = int(effort)
+            else:
+                p = faiss.SearchParametersHNSW()
+                p.efSearch = int(max(effort, K))
+
+            def run(i, which, index=index, p=p, kind=kind, effort=effort):
+                if kind.startswith("hnsw"):
+                    before = int(faiss.cvar.hnsw_stats.ndis)
+                    _, I = index.search(Q[which][i:i + 1], K, params=p)
+                    return I[0], (int(faiss.cvar.hnsw_stats.ndis) - before) * D
+                _, I = index.search(Q[which][i:i + 1], K, params=p)
+                return I[0], (index.nlist + effort * N / index.nlist) * D
+
+            out.append(Method(f"{name}_r{tgt:g}", run, mem, build_s + tune_s,
+                              {**params.as_dict(), ann.EFFORT_NAME[kind]: int(effort),
+                               "train_recall_at_10": next(c["recall"] for c in curve if c["effort"] == effort),
+                               "tuned_for_train_recall": tgt}, set_omp))
+    # ours: policy 'recall' through the pipeline on a version holding the ANN first stage
+    key = (ours_kind, 32)
+    if key not in built:
+        index, params, build_s = _faiss_ann(ours_kind, X_rot, 32)
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997)
+        built[key] = (index, params, curve, build_s)
+    index, params, curve, build_s = built[key]
+    if curve[-1]["recall"] < 0.997 and curve[-1]["effort"] < ann.effort_grid(params)[-1]:
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997)
+    mem = _index_bytes(index, faiss) + N * D * 4  # the index and the documents the exact rescoring reads
+    pipe = Pipeline()
+
+    def set_threads(tn):
+        faiss.omp_set_num_threads(tn)
+
+    for margin, prefix in ((0.0, "ours_fixed_r"), (0.25, "ours_recall_")):
+        stage = AnnStage1(index, params, curve, margin_share=margin,
+                          bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params))
+        version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
+        for tgt in ANN_TARGETS:
+            spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
+
+            def run(i, which, spec=spec, version=version):
+                res = pipe.search(version, [spec], embeddings=E[which][i:i + 1])[0]
+                return res.rows, res.trace["coordinates_scored"]
+
+            effort = stage.effort(tgt)
+            out.append(Method(f"{prefix}{tgt:g}", run, mem, build_s,
+                              {**params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort, "margin_share": margin,
+                               "served_exact": effort is None, "per_query_effort": False,
+                               "tuning_queries": len(Q["train"])}, set_threads))
+    for m in out:
+        m.family = "ann"
+    return out
+
+
+def ann_plot(rows: list[dict], corpus: str, path: Path) -> bool:
+    """Recall@10 against p50 (log) of the ANN rows of one corpus, one series per threads; False without
+    matplotlib (optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rr = [r for r in rows if r["corpus"] == corpus and r.get("family") == "ann"]
+    if not rr:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for threads, marker in zip(sorted({r["threads"] for r in rr}), "os^"):
+        for r in (r for r in rr if r["threads"] == threads):
+            ax.scatter(r["p50_ms"], r["recall_at_10"], marker=marker,
+                       color="C3" if r["method"].startswith("ours") else "C0")
+            ax.annotate(f"{r['method']} ({threads}t)", (r["p50_ms"], r["recall_at_10"]), fontsize=6,
+                        xytext=(3, 2), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("p50 latency, ms (log)")
+    ax.set_ylabel("recall@10 vs exhaustive")
+    ax.set_title(f"{corpus}, N = {rr[0]['n_docs']:,}: recall against p50 (ours red, faiss blue)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` without the rows ``new`` replaces (same corpus, n_docs, method, threads and family), then ``new``."""
+    def key(r):
+        return r["corpus"], r["n_docs"], r["method"], r["threads"], r.get("family")
+    replaced = {key(r) for r in new}
+    return [r for r in old if key(r) not in replaced] + list(new)
+
+
 # ------------------------------------------------------------------------------------------------ measuring
 
 
@@ -329,9 +487,14 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
     Q = {w: np.ascontiguousarray(E[w] @ R.T, dtype=np.float32) for w in E}
     truth = {w: exhaustive(X_rot, Q[w]) for w in Q}
     print(f"[{name}] N={N:,}: exhaustive truth done", flush=True)
-    methods = faiss_methods(X_rot, Q, truth["train"], faiss)
-    ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
-    methods += ours
+    methods = []
+    if args.methods in ("base", "all"):
+        methods += faiss_methods(X_rot, Q, truth["train"], faiss)
+        ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
+        methods += ours
+    if args.methods in ("ann", "all"):
+        methods += [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann)
+                    if not (args.methods == "all" and m.name == "faiss_flat")]
     print(f"[{name}] methods built: " + ", ".join(f"{m.name} {m.build_s:.1f}s" for m in methods), flush=True)
     rows = []
     for threads in args.threads:
@@ -350,6 +513,8 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
                    "coordinate_share": round(float(g["work"].mean()) / (N * D), 4),
                    "build_s": round(m.build_s + (rot_s if m.name.startswith("ours") else 0.0), 2),
                    "params": m.params, "queries": len(Q["test"])}
+            if m.family is not None:
+                row["family"] = m.family
             if data["qrels"] is not None:
                 nd = np.array([ndcg_at_k(r, j, 10) for r, j in zip(ids, data["qrels"])])
                 row["ndcg_at_10"] = round(float(nd.mean()), 4)
@@ -365,7 +530,9 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
 
 
 def markdown(out: dict) -> str:
-    lines = ["# Certified width and declared recall at scale (issue 15)", "",
+    title = ("ANN first stages at equal recall (issue 19)" if out.get("methods") == "ann"
+             else "Certified width and declared recall at scale (issues 15 and 19)")
+    lines = [f"# {title}", "",
              f"Command: `{out['command']}`", "", f"Machine: {out['machine']}", "",
              "Timings are one query at a time, methods interleaved query by query; `qps` is saturation with "
              "`threads` workers. Ratios are within one run (same corpus, same threads).", ""]
@@ -375,7 +542,7 @@ def markdown(out: dict) -> str:
         for threads in sorted({r["threads"] for r in rows}):
             rr = [r for r in rows if r["threads"] == threads]
             flat = next(r for r in rr if r["method"] == "faiss_flat")
-            fun = next(r for r in rr if r["method"] == "static_funnel")
+            fun = next((r for r in rr if r["method"] == "static_funnel"), flat)
             lines += [f"### {threads} thread{'s' if threads > 1 else ''}", "",
                       "| method | recall@10 | NDCG@10 | NDCG@10 unseen | p50 ms | p95 ms | p99 ms | p50 / flat | "
                       "p50 / funnel | q/s | coordinates / N·D | MiB | build s |",
@@ -388,9 +555,11 @@ def markdown(out: dict) -> str:
                              f"{r['p50_ms'] / fun['p50_ms']:.3f} | {r['qps']:.0f} | {r['coordinate_share']:.4f} | "
                              f"{r['memory_mib']:.0f} | {r['build_s']:.1f} |")
             lines.append("")
-        fp = next(r for r in rows if r["method"] == "static_funnel")["params"]
-        lines += [f"Static funnel chosen on the training queries: m1 = {fp['m1']}, C = {fp['shortlist']} "
-                  f"(training recall@10 {fp['train_recall_at_10']}).", ""]
+        fun = next((r for r in rows if r["method"] == "static_funnel"), None)
+        if fun is not None:
+            fp = fun["params"]
+            lines += [f"Static funnel chosen on the training queries: m1 = {fp['m1']}, C = {fp['shortlist']} "
+                      f"(training recall@10 {fp['train_recall_at_10']}).", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -408,6 +577,11 @@ def main(argv=None) -> int:
     ap.add_argument("--test-queries", type=int, default=300, help="test queries (debdocs, synthetic)")
     ap.add_argument("--saturation-s", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
+    ap.add_argument("--methods", default="base", choices=["base", "ann", "all"],
+                    help="base: issue 15's methods (rewrites summary.json); ann: issue 19's ANN methods (replaces only "
+                         "their rows); all: both")
+    ap.add_argument("--ours-ann", default="hnsw", choices=list(ann.ANN_KINDS),
+                    help="the ANN kind of ours_fixed / ours_recall (M = 32)")
     args = ap.parse_args(argv)
     import faiss
 
@@ -417,6 +591,14 @@ def main(argv=None) -> int:
     out = {"command": command.strip(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
            f"{platform.python_version()}, faiss {faiss.__version__}, load average at start "
            f"{os.getloadavg()[0]:.1f}", "corpora": {}, "rows": []}
+    out["methods"] = args.methods
+    previous = []
+    if args.methods == "ann" and (args.out / "summary.json").is_file():
+        previous = json.loads((args.out / "summary.json").read_text())
+        if (args.out / "report.json").is_file():
+            old = json.loads((args.out / "report.json").read_text())
+            out["corpora"] = {**old.get("corpora", {}), **out["corpora"]}
+            out["command_base"] = old.get("command")
     for name in args.corpora:
         if name == "scifact":
             data = scifact
@@ -428,10 +610,14 @@ def main(argv=None) -> int:
         out["rows"] += run_corpus(name, data, args, faiss)
         del data
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "summary.json").write_text(json.dumps(out["rows"], indent=1))
-        (args.out / "report.json").write_text(json.dumps(out, indent=1))
-        (args.out / "summary.md").write_text(markdown(out))
-    print((args.out / "summary.md").read_text())
+        rows_all = merge_rows(previous, out["rows"])
+        (args.out / "summary.json").write_text(json.dumps(rows_all, indent=1))
+        if args.methods in ("ann", "all"):
+            ann_plot(rows_all, name, args.out / f"ann_{name}.png")
+        suffix = "_ann" if args.methods == "ann" else ""  # an ANN-only run keeps issue 15's report and table
+        (args.out / f"report{suffix}.json").write_text(json.dumps(out, indent=1))
+        (args.out / f"summary{suffix}.md").write_text(markdown(out))
+    print((args.out / f"summary{suffix}.md").read_text())
     return 0
 
 

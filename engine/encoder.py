@@ -94,6 +94,9 @@ class OnnxEncoder:
         self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=self.max_tokens)
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        self._unpadded = Tokenizer.from_file(str(export_dir / "tokenizer.json"))  # for length-bucketed batches
+        self._unpadded.enable_truncation(max_length=self.max_tokens)
+        self._unpadded.no_padding()
         self.session, self.providers = onnx_session(export_dir / "model.onnx", threads, prefer_gpu, spin)
 
     @property
@@ -119,21 +122,30 @@ class OnnxEncoder:
 
         Args:
             texts: B strings (empty strings allowed: the special tokens alone are encoded).
-            batch_size: texts per ONNX call; texts are sorted by length so a batch pads little.
+            batch_size: at most this many texts per ONNX call.  Texts are tokenised once, sorted by token count
+                and cut into calls whose padding stays within :data:`PADDING_SLACK` of their real tokens (a
+                call pads to its longest member, and a padded token costs as much as a real one).
 
         Returns:
             shape (B, D), float32, unit rows, in the order of ``texts``.
         """
         if not texts:
             return np.empty((0, self.dimension), dtype=np.float32)
-        lengths = [len(t) for t in texts]
-        order = np.argsort(lengths, kind="stable")[::-1]
+        encs = self._unpadded.encode_batch(list(texts))
+        lengths = np.array([len(e.ids) for e in encs])
+        order = np.argsort(-lengths, kind="stable")
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            idx = order[start:start + batch_size]
-            feeds = self.tokenize([texts[i] for i in idx])
-            emb = self.session.run(["sentence_embedding"], feeds)[0]
-            out[idx] = emb
+        for idx in length_buckets(lengths[order], batch_size):
+            rows = order[idx]
+            width = int(lengths[rows[0]])
+            feeds = {name: np.zeros((len(rows), width), dtype=np.int64)
+                     for name in ("input_ids", "attention_mask", "token_type_ids")}
+            for j, r in enumerate(rows):
+                e, n = encs[r], int(lengths[r])
+                feeds["input_ids"][j, :n] = e.ids
+                feeds["attention_mask"][j, :n] = 1
+                feeds["token_type_ids"][j, :n] = e.type_ids
+            out[rows] = self.session.run(["sentence_embedding"], feeds)[0]
         return out
 
     def encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
@@ -145,6 +157,35 @@ class OnnxEncoder:
         feeds = self.tokenize(texts)
         hidden = self.session.run(["token_embeddings"], feeds)[0]
         return [hidden[i, : int(feeds["attention_mask"][i].sum())] for i in range(len(texts))]
+
+
+PADDING_SLACK = 0.25
+"""A batch of the encoder holds at most this share of padding tokens over its real ones."""
+
+
+def length_buckets(sorted_lengths: np.ndarray, batch_size: int, slack: float = PADDING_SLACK) -> list[np.ndarray]:
+    """Cut texts sorted by token count (longest first) into encoder calls of little padding.
+
+    Args:
+        sorted_lengths: (B,) int token counts, non-increasing.
+        batch_size: at most this many texts a call, >= 1.
+        slack: a call's padded tokens (its count x its longest) stay within ``(1 + slack)`` x its real tokens,
+            or it holds one text.
+
+    Returns:
+        Index arrays into ``sorted_lengths``, consecutive and covering it, in order.
+    """
+    out, start, n = [], 0, len(sorted_lengths)
+    while start < n:
+        longest, total, end = int(sorted_lengths[start]), 0, start
+        while end < n and end - start < batch_size:
+            total_next = total + int(sorted_lengths[end])
+            if end > start and longest * (end - start + 1) > (1.0 + slack) * total_next:
+                break
+            total, end = total_next, end + 1
+        out.append(np.arange(start, end))
+        start = end
+    return out
 
 
 def default_threads() -> int:

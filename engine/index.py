@@ -21,7 +21,8 @@ from adawidth.blocked import BlockedCorpus
 from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
 from engine.recall import RecallPolicy
-from engine.stage1 import ExactStage1, FaissStage1
+from engine import ann as ann_lib
+from engine.stage1 import AnnStage1, ExactStage1, FaissStage1
 from engine.version import files
 from engine.version.manifest import (SCHEMA_VERSION, CorpusSection, EncoderSection, Expect, Manifest, RouterSection,
                                      verify)
@@ -68,6 +69,18 @@ class FunnelPolicy:
             return self.booster.predict(rows)
 
 
+LEVEL_SCAN_MIN_DOCS = 10_000
+"""Documents from which width ``full`` is served by the certified level scan rather than one flat scan.
+
+Both return exactly the exhaustive top-k; below this size the level scan's fixed costs (seeding, bounds,
+heaps) outweigh the coordinates it skips.  Measured one query at a time, one thread, CPU µs per query of a
+flat scan (matrix-vector product + :func:`adawidth.prefix.top_k`) against :func:`adawidth.levels.search`
+(exact): SciFact (5,183 documents, PCA) 90-95 vs 102-106; Gaussian corpora with SciFact's spectrum, 6,000:
+117 vs 127, 8,000: 144 vs 151, 10,000: 246 vs 177, 20,000: 1,043 vs 308, 50,000: 2,889 vs 951.  Gateways
+set it with ``ADAWIDTH_LEVEL_SCAN_MIN_DOCS`` (0: always the level scan).
+"""
+
+
 class IndexVersion:
     """One immutable, loaded version (its files: :mod:`engine.version.manifest`)."""
 
@@ -97,10 +110,35 @@ class IndexVersion:
         self.tier_head: np.ndarray | None = None  # (T, D) float32 difficulty head W_t (tier 'auto'), when trained
         self.levels = None  # adawidth.levels.LevelStore (certified level scan), when the version stores levels
         self.recall_policy = None  # engine.recall.RecallPolicy: per-query confidence of policy 'recall'
+        self.ann: AnnStage1 | None = None  # an ANN first stage over the full-width documents (policy 'recall')
         self.level_threads = 1  # kernel threads of one query's level scan (the gateway sets it from N and cores)
+        # width 'full' on fewer documents is one flat scan (the same exact answer; faster there)
+        self.level_scan_min_docs = LEVEL_SCAN_MIN_DOCS
         # the 'auto' policy this version was built to serve by default (versions before levels: funnel or router)
         self.manifest_default_policy: str | None = (manifest.policy.default if manifest.policy is not None else None) or (
             "funnel" if funnel_policy is not None else "router" if routers else None)
+
+    @property
+    def stage1_backend(self) -> str:
+        """The stage-1 backend of policy ``recall``: an ANN kind (:data:`engine.ann.ANN_KINDS`), ``levels`` (the
+        certified level scan) or ``flat`` (the exhaustive scan of versions without levels)."""
+        if self.ann is not None:
+            return self.ann.kind
+        return "levels" if self.levels is not None else "flat"
+
+    def backend_report(self) -> dict:
+        """``{"backend", "bytes_per_document", "effort_name", "targets"}``: the stage-1 backend and its bytes per
+        document by part (vectors, graph, ids, panorama, levels, float16, documents, total; :func:`engine.ann.
+        bytes_per_document`), for ``/readyz``."""
+        N, D = max(self.size, 1), self.dimension
+        if self.ann is not None:
+            per = self.ann.bytes_per_document or ann_lib.bytes_per_document(self.ann.kind, N, D, self.ann.params)
+            return {"backend": self.ann.kind, "bytes_per_document": per, "effort_name": self.ann.effort_name,
+                    "targets": {str(t): self.ann.effort(t) for t in ann_lib.DEFAULT_TARGETS}}
+        lv = self.levels
+        per = ann_lib.bytes_per_document("flat", N, D, level_bytes_per_document=lv.nbytes / N if lv is not None else 0.0,
+                                         fp16_width=lv.layout.fp16_width if lv is not None else 0)
+        return {"backend": self.stage1_backend, "bytes_per_document": per}
 
     @property
     def size(self) -> int:
@@ -158,6 +196,10 @@ class IndexVersion:
                 version.recall_policy = RecallPolicy(rp.booster, list(s.feature_names), np.asarray(s.z_grid), s.bound,
                                                      rp.calibration_pred, rp.calibration_recall, k=s.k,
                                                      margin_share=s.margin_share)
+            got = files.read_ann(path, manifest)
+            if got is not None:
+                a = manifest.ann
+                version.ann = AnnStage1(got[0], got[1], a.curve, a.margin_share, a.bytes_per_document)
         return version
 
     @classmethod
@@ -165,7 +207,8 @@ class IndexVersion:
                   shortlist: int = 500, routers: dict | None = None, default_pair: tuple[int, int] | None = None,
                   default_rho: float = 0.2, funnel_policy: "FunnelPolicy | None" = None, lexical=None,
                   backend: str = "exact", collection: str = "offline", version: str = "offline",
-                  theta: float = 0.05, levels=None, recall_policy=None, level_threads: int = 1) -> "IndexVersion":
+                  theta: float = 0.05, levels=None, recall_policy=None, level_threads: int = 1,
+                  ann: AnnStage1 | None = None) -> "IndexVersion":
         """A version held in memory, never written: what the trainer evaluates and the benchmarks time, through
         the same :class:`engine.pipeline.Pipeline` the gateway runs.
 
@@ -180,6 +223,7 @@ class IndexVersion:
             levels: an :class:`adawidth.levels.LevelStore` of ``X_rot`` (policies ``exact`` and ``recall``).
             recall_policy: an :class:`engine.recall.RecallPolicy` (policy ``recall``).
             level_threads: kernel threads of one query's level scan.
+            ann: an :class:`engine.stage1.AnnStage1` over ``X_rot`` (policy ``recall`` through an ANN first stage).
             backend: ``exact`` (brute-force numpy stage 1, the reference) or ``faiss`` (an ``IndexFlatIP`` over
                 the normalised m0-prefixes, as served).
         """
@@ -200,7 +244,8 @@ class IndexVersion:
         v = cls(None, manifest, np.asarray(rotation, dtype=np.float32), X_rot, sq, list(doc_ids), index,
                 dict(routers or {}), funnel_policy, lexical, stage1=stage1)
         v.levels, v.recall_policy, v.level_threads = levels, recall_policy, int(level_threads)
-        if levels is not None and recall_policy is not None:
+        v.ann = ann
+        if (levels is not None and recall_policy is not None) or ann is not None:
             v.manifest_default_policy = "recall"
         return v
 

@@ -30,7 +30,7 @@ from engine.stages.rerank import rerank, served_tier
 from engine.stages.rescore import rescore
 from engine.stages.rotate import rotate
 from engine.stages.route import route
-from engine.stages.stage1 import allowed_mask, stage1
+from engine.stages.stage1 import allowed_mask, ann_or_exact, stage1
 
 __all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
 
@@ -38,13 +38,15 @@ __all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
 def capabilities(version, rerankers: dict | None = None) -> Capabilities:
     """What ``version`` can serve on a replica holding ``rerankers`` (:meth:`Pipeline.rerankers`).
 
-    Policies: ``recall`` needs the version's levels and recall policy, ``router`` a router, ``funnel`` a funnel
+    Policies: ``recall`` needs the version's levels and recall policy, or an ANN first stage, ``router`` a router, ``funnel`` a funnel
     policy (in-process stage 1 only).  Tiers: ``maxsim`` needs the documents' encoder texts, ``cross_encoder``
     also a loaded cross-encoder, ``auto`` the difficulty head and the texts.
     """
     rerankers = rerankers or {}
     policies = set()
     if getattr(version, "levels", None) is not None and getattr(version, "recall_policy", None) is not None:
+        policies.add("recall")
+    if getattr(version, "ann", None) is not None:
         policies.add("recall")
     if version.routers:
         policies.add("router")
@@ -153,17 +155,21 @@ class Pipeline:
             allowed = extra if allowed is None else allowed & extra
         c = None
         if plan.dense:
+            # an ANN version serves a recall target it cannot meet by the exact path (the trace says why)
+            run, exact_because = ann_or_exact(plan, version, allowed)
             t1 = clock()
-            q = rotate(plan, version, embedding)
+            q = rotate(run, version, embedding)
             t2 = clock()
-            c = stage1(plan, version, q, allowed)
+            c = stage1(run, version, q, allowed)
             t3 = clock()
             check()
             t4 = clock()
-            c = route(plan, version, c)
+            c = route(run, version, c)
             t5 = clock()
-            c = rescore(plan, version, q, c)
+            c = rescore(run, version, q, c)
             t6 = clock()
+            if exact_because is not None:
+                c.trace["served_exact_because"] = exact_because
             timings.update(stage1=t1 - t0 + t3 - t2, rotate=t2 - t1, route=t5 - t4, rescore=t6 - t5)
             check()
         else:

@@ -37,6 +37,7 @@ import faiss
 import numpy as np
 
 from adawidth.prefix import prefix_normalize, top_k
+from engine import ann
 from engine.version.files import read_stage1_index
 from engine.version.manifest import Manifest
 from engine.version.milvus import (RESCORE_FIELD, ROW_FIELD, SQNORM_FIELD, STAGE1_FIELD, milvus_collection_name,
@@ -88,6 +89,32 @@ class Stage1Backend(Protocol):
         """Release what the backend holds (connections); the version's files stay."""
 
 
+NUMPY_SHORTLIST_MAX_DOCS = 50_000
+"""Documents up to which :class:`FaissStage1` builds a shortlist with numpy instead of faiss's search.
+
+Measured one query at a time, one thread, m0 = 64, shortlist 500 (CPU µs per query, faiss ``IndexFlatIP``
+vs matrix-vector product + :func:`adawidth.prefix.top_k`): 5k docs 100 vs 52, 10k 134 vs 81, 20k 173 vs
+112, 50k 287 vs 244, 100k 676 vs 952.
+"""
+
+
+def _exact_shortlist(prefixes: np.ndarray, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None,
+                     docs: np.ndarray, doc_sqnorm_m0: np.ndarray) -> Shortlist:
+    """The ``size`` best rows of ``prefixes @ query_prefix`` among ``allowed`` (ties to the lower row).
+
+    Args:
+        prefixes: (N, m0) float32 normalised m0-prefixes; query_prefix: (m0,) float32.
+        size: shortlist length (cut to the allowed count).
+        allowed: (N,) bool or None.
+    """
+    scores = prefixes @ np.asarray(query_prefix, np.float32).reshape(-1)
+    if allowed is not None:
+        scores = np.where(allowed, scores, -np.inf).astype(np.float32)
+        size = min(size, int(allowed.sum()))
+    rows = top_k(scores, size)
+    return Shortlist(rows, scores[rows].astype(np.float32), docs, doc_sqnorm_m0)
+
+
 class FaissStage1:
     """faiss in process (the default): today's served path, unchanged.
 
@@ -102,9 +129,22 @@ class FaissStage1:
     def __init__(self, index, docs: np.ndarray, doc_sqnorm_m0: np.ndarray):
         self.index, self.docs, self.doc_sqnorm_m0 = index, docs, doc_sqnorm_m0
         self.rescore_width = int(docs.shape[1])
+        # below NUMPY_SHORTLIST_MAX_DOCS the shortlist is one BLAS product over the index's own vectors (a view,
+        # not a copy) and an O(N) selection: faiss's single-query flat search keeps a size-k heap, which at
+        # k = 500 costs more than the scan there
+        self._prefixes = None
+        if isinstance(index, faiss.IndexFlat) and 0 < index.ntotal <= NUMPY_SHORTLIST_MAX_DOCS:
+            self._prefixes = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d).reshape(index.ntotal,
+                                                                                               index.d)
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
-        """See :meth:`Stage1Backend.shortlist`; a faiss ID selector restricts the scan to ``allowed``."""
+        """See :meth:`Stage1Backend.shortlist`; a faiss ID selector restricts the scan to ``allowed``.
+
+        Unrestricted, below :data:`NUMPY_SHORTLIST_MAX_DOCS` documents, the same inner products come from one
+        matrix-vector product over the index's vectors and :func:`adawidth.prefix.top_k` (ties to the lower row).
+        """
+        if self._prefixes is not None and allowed is None:  # (a selector skips the disallowed rows: faiss)
+            return _exact_shortlist(self._prefixes, query_prefix, size, allowed, self.docs, self.doc_sqnorm_m0)
         qp = np.asarray(query_prefix, np.float32)[None, :]
         if allowed is None:
             cos, rows = self.index.search(qp, int(size))
@@ -117,12 +157,12 @@ class FaissStage1:
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Stage1Backend.full`: an exact numpy scan at D over the memory-mapped documents."""
-        scores = np.asarray(self.docs @ query, dtype=np.float64)
+        scores = self.docs @ np.asarray(query, dtype=np.float32)  # float32, ranked as is (widening keeps order)
         if allowed is not None:
-            scores[~allowed] = -np.inf
+            scores = np.where(allowed, scores, np.float32(-np.inf))
             k = min(k, int(allowed.sum()))
         rows = top_k(scores, k)
-        return rows, scores[rows]
+        return rows, scores[rows].astype(np.float64)
 
     def close(self) -> None:
         """Nothing to release (the index belongs to the version)."""
@@ -150,12 +190,7 @@ class ExactStage1:
 
     def shortlist(self, query_prefix: np.ndarray, size: int, allowed: np.ndarray | None = None) -> Shortlist:
         """See :meth:`Stage1Backend.shortlist` (one matrix-vector product, :func:`adawidth.prefix.top_k`)."""
-        scores = self.prefixes @ np.asarray(query_prefix, np.float32)
-        if allowed is not None:
-            scores = np.where(allowed, scores, -np.inf).astype(np.float32)
-            size = min(size, int(allowed.sum()))
-        rows = top_k(scores, size)
-        return Shortlist(rows, scores[rows].astype(np.float32), self.docs, self.doc_sqnorm_m0)
+        return _exact_shortlist(self.prefixes, query_prefix, size, allowed, self.docs, self.doc_sqnorm_m0)
 
     def full(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Stage1Backend.full`; the same scan as :meth:`FaissStage1.full`."""
@@ -358,3 +393,59 @@ class Stage1Provider:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class AnnStage1:
+    """An ANN first stage over the full-width rotated documents (issue 19; :mod:`engine.ann`), served by policy
+    ``recall``: per query an effort (nprobe or efSearch) for the recall target, the ANN candidates, then their
+    exact full-width rescoring (:mod:`engine.stages.rescore`).
+
+    Args:
+        index: the faiss index (:func:`engine.ann.build_index`, or ``ann.faiss`` of the version).
+        params: its :class:`engine.ann.AnnParams`.
+        curve: its tuning curve (:func:`engine.ann.tune_effort`): ``[{"effort", "recall", ...}]`` increasing.
+        margin_share: share of a target's miss budget added before reading the curve (:func:`engine.ann.goal`).
+        bytes_per_document: the backend's memory by part (:func:`engine.ann.bytes_per_document`).
+        min_allowed_share: below this share of allowed documents a filtered search goes to the exact path (a
+            graph or a few lists find too few allowed neighbours).
+    """
+
+    def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
+                 bytes_per_document: dict | None = None, min_allowed_share: float = 0.1):
+        self.index, self.params, self.kind = index, params, params.kind
+        self.curve = [dict(p) for p in curve]
+        self.margin_share = float(margin_share)
+        self.effort_name = ann.EFFORT_NAME[self.kind]
+        self.bytes_per_document = dict(bytes_per_document or {})
+        self.min_allowed_share = float(min_allowed_share)
+        self._efforts: dict[float, int | None] = {}
+
+    @property
+    def max_recall(self) -> float:
+        """The highest mean recall@10 the tuning queries reached (0 for an empty curve)."""
+        return max((float(p["recall"]) for p in self.curve), default=0.0)
+
+    def effort(self, target: float) -> int | None:
+        """The served effort of a recall target (cached), or None when the backend cannot meet it."""
+        if target not in self._efforts:
+            self._efforts[target] = ann.effort_for(self.curve, target, self.margin_share)
+        return self._efforts[target]
+
+    def exact_because(self, target: float, allowed: np.ndarray | None) -> str | None:
+        """Why a request of ``target`` (over ``allowed``, (N,) bool or None) must be served exactly, or None when
+        the ANN serves it."""
+        if target >= 1.0:
+            return f"recall_target {target:g}: the {self.kind} backend certifies nothing; the exact scan serves it"
+        if self.effort(target) is None:
+            return (f"recall_target {target:g} needs a tuning recall of {ann.goal(target, self.margin_share):.4f}; "
+                    f"the {self.kind} backend reached {self.max_recall:.4f} at its largest {self.effort_name}")
+        if allowed is not None:
+            share = float(np.count_nonzero(allowed)) / max(len(allowed), 1)
+            if share < self.min_allowed_share:
+                return (f"the filter allows {share:.1%} of the documents (< {self.min_allowed_share:.0%}): "
+                        f"the {self.kind} backend would miss allowed neighbours")
+        return None
+
+    def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:
+        """The ANN candidates of one rotated query ((D,) float32) at ``effort``; see :func:`engine.ann.search`."""
+        return ann.search(self.index, self.kind, query, k, effort, allowed)

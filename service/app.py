@@ -2,8 +2,10 @@
 ``POST /v1/collections/{name}/search``, the batch searches ``POST /v1/collections/{name}/search/batch`` and
 ``POST /v1/search/batch``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` and ``/admin/*``.
 
-The collection-scoped routes look the name up in :attr:`service.state.GatewayState.collections` (one entry
-today: ``settings.collection``); an unknown name is 404 ``unknown_collection``.
+The collection-scoped routes look the name up in :attr:`service.state.GatewayState.collections` (every
+collection of ``settings.collections``, each with its own versions and registry follower); an unknown name is
+404 ``unknown_collection``.  ``POST /v1/search`` and ``/v1/search/batch`` search the default collection
+(``settings.collection``).
 
 A batch is one unit of work: the body-size limit applies to the whole body, it takes one admission slot of
 the limiter and the request's one fixed deadline (``search_deadline_s``, not scaled by its size), and its
@@ -38,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.access import principal_of
+from service import examples as ex
 from service.admin import build_admin_router
 from service.auth import require_search_key
 from service.config import GatewaySettings
@@ -76,6 +79,14 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
                   description="Dense retrieval with per-query adaptive embedding width.  "
                               "Errors and their codes: docs/API.md.")
     app.state.gw = state
+    generate_openapi = app.openapi
+
+    def openapi() -> dict:  # generated once; the examples' nulls put back (service.examples.restore_examples)
+        if app.openapi_schema is None:
+            app.openapi_schema = ex.restore_examples(generate_openapi(), app)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -124,6 +135,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     search_deps = [Depends(require_search_key)] if search_key else []
     search_errors = (400, *([401] if search_key or settings.access_policy == "api_key" else []),
                      *([403] if settings.access_policy == "header" else []), 409, 413, 415, 422, 429, 503)
+    search_examples = {403: "tenant_required"}  # the error code each status's example shows, where not the default
+    batch_examples = {**search_examples, 413: "batch_too_large"}
     search_body = {"requestBody": {"required": True, "content": {
         "application/json": {"schema": search_request_schema(settings)}}}}
     batch_body = {"requestBody": {"required": True, "content": {
@@ -172,13 +185,13 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
             return {"results": slots}
 
     @app.post("/v1/search", response_model=SearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors), openapi_extra=search_body)
+              responses=error_responses(*search_errors, examples=search_examples), openapi_extra=search_body)
     async def search(request: Request):
         """Search the default collection's live index version.  See ``docs/API.md`` for the error codes."""
         return await search_in(request, settings.collection)
 
     @app.post("/v1/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors), openapi_extra=batch_body)
+              responses=error_responses(*search_errors, examples=batch_examples), openapi_extra=batch_body)
     async def search_batch(request: Request):
         """Batch search of the default collection: ``{"queries": [search body, ...]}`` -> one slot per query."""
         return await search_batch_in(request, settings.collection)
@@ -189,13 +202,15 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         return {"collections": [state.collection_info(name) for name in state.collections]}
 
     @app.post("/v1/collections/{name}/search", response_model=SearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors, 404), openapi_extra=search_body)
+              responses=error_responses(*search_errors, 404, examples=search_examples),
+              openapi_extra=search_body)
     async def search_collection(request: Request, name: str):
         """Search collection ``name`` (as ``POST /v1/search``; 404 ``unknown_collection`` for a name not served)."""
         return await search_in(request, name)
 
     @app.post("/v1/collections/{name}/search/batch", response_model=BatchSearchResponse, dependencies=search_deps,
-              responses=error_responses(*search_errors, 404), openapi_extra=batch_body)
+              responses=error_responses(*search_errors, 404, examples=batch_examples),
+              openapi_extra=batch_body)
     async def search_collection_batch(request: Request, name: str):
         """Batch search of collection ``name``: one slot per query, in request order (docs/API.md)."""
         return await search_batch_in(request, name)
@@ -203,30 +218,48 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     app.include_router(build_admin_router(state))
     app.include_router(build_write_router(state))  # live documents (issue 18)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: {"description": "The process answers.",
+                                          "content": {"application/json": {"example": ex.HEALTH}}}})
     async def healthz():
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", responses={503: {"description": "Not ready: no index version or encoder loaded."}})
+    @app.get("/readyz", responses={
+        200: {"description": "Ready (or degraded: still serving its own live versions).",
+              "content": {"application/json": {"example": ex.READY}}},
+        503: {"description": "Not ready: the encoder, or a live version of some collection served, is not loaded "
+                             "(or the write-ahead logs are being replayed).",
+              "content": {"application/json": {"example": ex.NOT_READY}}}})
     async def readyz():
-        """Readiness: 503 while no index version or encoder is loaded; else 200 with ``status`` "ready", or
-        "degraded" when the registry is unreachable or its live version was refused here (the replica still
-        serves its own live version correctly, so it stays in rotation; see deploy/CUTOVER.md)."""
+        """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
+        ``status`` "ready", or "degraded" when the registry is unreachable or a collection's registry live version
+        was refused here (the replica still serves its own live versions correctly, so it stays in rotation; see
+        deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
+        every served collection's live version, documents and registry view."""
+        per = {name: state.collection_status(name) for name in state.collections}
+        missing = [name for name, c in per.items() if c["index_version"] is None]
+        if state.encoder is None or missing:
+            reason = state.load_error if state.encoder is None else "; ".join(
+                state.load_errors.get(name) or f"collection {name!r}: no live version loaded" for name in missing)
+            return JSONResponse({"status": "not_ready", "reason": reason or "no live version loaded",
+                                 "collections": per}, status_code=503)
         live = state.live
-        if live is None or state.encoder is None or state.live_docs.pending:
-            return JSONResponse({"status": "not_ready", "reason": state.load_error or "no live version loaded"},
-                                status_code=503)
-        reg = state.follower.status() if state.follower else {"registry": "pinned", "degraded": []}
-        return {"status": "degraded" if reg["degraded"] else "ready", "collection": live.collection,
+        if state.live_docs.pending:  # the write-ahead logs are being replayed
+            return JSONResponse({"status": "not_ready", "reason": "replaying the write-ahead logs",
+                                 "collections": per}, status_code=503)
+        reg = {k: v for k, v in per[settings.collection].items() if k not in ("index_version", "documents")}
+        degraded = list(reg["degraded"]) + [f"collection {name!r}: {d}" for name, c in per.items()
+                                            if name != settings.collection for d in c["degraded"]]
+        return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,
                           "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None},
-                **reg}
+                "stage1": live.backend_report(), **reg, "degraded": degraded, "collections": per}
 
 
     @app.get("/metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text exposition.", "content": {CONTENT_TYPE_LATEST: {}}}})
+             responses={200: {"description": "Prometheus text exposition.",
+                              "content": {CONTENT_TYPE_LATEST: {"example": ex.METRICS}}}})
     async def metrics():
         """Prometheus exposition of this replica's metrics."""
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

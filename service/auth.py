@@ -60,6 +60,14 @@ def _configured(key: SecretStr | None) -> bool:
     return key is not None and bool(key.get_secret_value())
 
 
+def _require(request: Request, credentials, kind: str, disabled_code: str, disabled_message: str) -> None:
+    """The request carries the ``<kind>_api_key``; 403 ``disabled_code`` when none is configured."""
+    key = getattr(request.app.state.gw.settings, f"{kind}_api_key")
+    if not _configured(key):
+        raise ApiError(disabled_code, disabled_message)
+    _check(request, credentials, key, kind)
+
+
 async def require_admin(request: Request,
                         credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> None:
     """Dependency: the request carries the admin key; admin is disabled (403) when no key is configured.
@@ -67,10 +75,8 @@ async def require_admin(request: Request,
     Raises:
         ApiError: ``admin_disabled`` (403), ``missing_api_key`` or ``invalid_api_key`` (401).
     """
-    key = request.app.state.gw.settings.admin_api_key
-    if not _configured(key):
-        raise ApiError("admin_disabled", "admin endpoints are disabled: no admin_api_key is configured")
-    _check(request, credentials, key, "admin")
+    _require(request, credentials, "admin", "admin_disabled",
+             "admin endpoints are disabled: no admin_api_key is configured")
 
 
 async def require_search_key(request: Request,
@@ -93,7 +99,5 @@ async def require_write_key(request: Request,
     Raises:
         ApiError: ``writes_disabled`` (403), ``missing_api_key`` or ``invalid_api_key`` (401).
     """
-    key = request.app.state.gw.settings.write_api_key
-    if not _configured(key):
-        raise ApiError("writes_disabled", "document writes are disabled: no write_api_key is configured")
-    _check(request, credentials, key, "write")
+    _require(request, credentials, "write", "writes_disabled",
+             "document writes are disabled: no write_api_key is configured")

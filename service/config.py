@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from engine.home import with_home_defaults
+from engine.index import LEVEL_SCAN_MIN_DOCS
+from engine.registry.state import COLLECTION_NAME
 from engine.stage1 import Stage1Provider
 
 MIN_SECRET_CHARS = 16
@@ -60,13 +62,24 @@ class GatewaySettings(BaseSettings):
 
     home: Path = Field(Path("var"), description="Working folder (indexes and models live under it by default).")
     index_root: Path | None = Field(None, description="Root of index versions (default <home>/indexes).")
-    collection: str = Field("scifact", description="Collection served.")
-    version: str | None = Field(None, description="Version to serve; default: the collection's LIVE pointer.")
+    collection: str = Field("scifact", description="Default collection: the one POST /v1/search, "
+                                                   "POST /v1/search/batch and /admin/* act on (it must be one of "
+                                                   "`collections`).")
+    collections: Annotated[tuple[str, ...] | None, NoDecode] = Field(
+        None, description="Collections served, comma-separated (ADAWIDTH_COLLECTIONS=scifact,nfcorpus); each "
+                          "follows its own registry entry (promote and roll back one without touching another). "
+                          "Default: just `collection`.")
+    version: str | None = Field(None, description="Version of the default collection to serve (pinned: that "
+                                                  "collection follows no registry; the others still do); default: "
+                                                  "the collection's registry live version (or LIVE pointer).")
     encoder_dir: Path | None = Field(None, description="ONNX encoder export (default <home>/models/minilm-onnx).")
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = ONNX Runtime's default.")
     level_threads: int = Field(0, ge=0, description="Threads of one query's level scan (width 'full', policy "
                                                    "'recall'); 0 = every core. The kernel keeps at least 32,768 "
                                                    "documents a thread, so small corpora scan on one.")
+    level_scan_min_docs: int = Field(LEVEL_SCAN_MIN_DOCS, ge=0, description="Documents from which width 'full' "
+                                     "is served by the certified level scan; smaller versions answer it with one "
+                                     "flat scan (the same exact answer, faster there). 0 = always the level scan.")
     faiss_threads: int = Field(1, ge=1, description="OpenMP threads for faiss; one is fastest for single queries.")
     prefer_gpu: bool = Field(True, description="Use CUDA for the encoder when onnxruntime-gpu and a GPU are present.")
     default_tier: Literal["mips", "auto", "maxsim", "cross_encoder"] = Field(
@@ -189,6 +202,30 @@ class GatewaySettings(BaseSettings):
         0.0, ge=0.0, le=1.0, description="Fraction of successful queries whose text is logged (0 = never).")
     query_log_max_chars: int = Field(
         64, ge=1, le=1024, description="Characters of a sampled query that are logged, in characters.")
+
+    @field_validator("collections", mode="before")
+    @classmethod
+    def _split_collections(cls, value):
+        if isinstance(value, str):  # the env var: comma-separated names (blank: unset)
+            value = value.strip()
+            return tuple(part.strip() for part in value.split(",")) if value else None
+        return value
+
+    @model_validator(mode="after")
+    def _collections_valid(self) -> "GatewaySettings":
+        names = self.collections if self.collections else (self.collection,)
+        for name in (self.collection, *names):
+            if not COLLECTION_NAME.match(name or ""):
+                raise ValueError(f"invalid collection name {name!r}: letters, digits, '.', '_' and '-', starting "
+                                 f"with a letter or digit, at most 128 characters")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"collections lists {', '.join(duplicates)} more than once")
+        if self.collection not in names:
+            raise ValueError(f"the default collection {self.collection!r} is not among collections "
+                             f"{', '.join(names)}; add it or set collection to one of them")
+        self.collections = tuple(names)
+        return self
 
     @model_validator(mode="after")
     def _access_policy_consistent(self) -> "GatewaySettings":

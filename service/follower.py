@@ -78,7 +78,7 @@ class RegistryFollower:
         except Exception:  # e.g. an unreadable state file: serve the LIVE pointer, keep following
             log.exception("first reconcile with the registry failed")
             self._fallback()
-        self._thread = threading.Thread(target=self._run, name="registry-follower", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"registry-follower-{self.collection}", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -209,26 +209,28 @@ class RegistryFollower:
 
 
 
-def start_replica(settings, manager: VersionManager, metrics=None):
-    """Load the first live version and start following the registry.
+def start_replica(settings, manager: VersionManager, metrics=None, *, registry: Registry | None = None):
+    """Load the first live version of ``manager``'s collection and start following its registry entry.
 
-    With ``settings.version`` set the replica is pinned to it (no registry).
-    Otherwise it opens the registry (:func:`engine.registry.open_registry`),
-    reconciles once (falling back to the ``LIVE`` file when the registry is
-    unreachable or empty) and starts the follower thread.
+    When ``settings.version`` is set and the manager's collection is the default one (``settings.collection``)
+    the collection is pinned to that version (no registry).  Otherwise the collection follows its own entry in
+    ``registry`` (opened with :func:`engine.registry.open_registry` when None; a gateway serving several
+    collections passes the one it shares between them): one reconcile here (falling back to the collection's
+    ``LIVE`` file when the registry is unreachable or empty), then the follower thread.
 
     Returns:
         ``(registry | None, follower | None, load_error | None)``.
     """
-    root, coll = Path(settings.index_root), settings.collection
-    if settings.version:
+    root, coll = Path(settings.index_root), manager.collection
+    if settings.version and coll == settings.collection:
         try:
             manager.ensure_loaded(settings.version)
             manager.switch(settings.version, "start")
         except VersionRefused as e:
             return None, None, str(e)
         return None, None, None
-    registry = open_registry(redis_url=settings.redis_url, index_root=root)
+    if registry is None:
+        registry = open_registry(redis_url=settings.redis_url, index_root=root)
 
     def fallback() -> str | None:
         try:

@@ -10,6 +10,8 @@ cleared on every swap).
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -52,7 +54,8 @@ class GatewayMetrics:
                               registry=registry)
         self.live_version = Gauge("adawidth_live_version_info", "1 for the version this replica serves.",
                                   ["collection", "version"], registry=registry)
-        self.index_documents = Gauge("adawidth_index_documents", "Documents in the live version.", registry=registry)
+        self.index_documents = Gauge("adawidth_index_documents", "Documents in the live version of each collection.",
+                                     ["collection"], registry=registry)
         self.search_running = Gauge("adawidth_search_running_requests", "Searches executing on a worker now.",
                                     registry=registry)
         self.search_queued = Gauge("adawidth_search_queued_requests", "Admitted searches waiting for a worker.",
@@ -94,9 +97,11 @@ VERSION_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 class CutoverMetrics:
     """Series of blue/green cutover (issue 3), on the same registry as ``gateway``'s.
 
-    Labels are bounded: ``collection`` is the one collection a replica serves and
-    ``reason`` is one of :data:`service.version_manager.REFUSAL_CODES`.  The live version
-    itself is only a label of ``adawidth_live_version_info`` (one series at a time).
+    Labels are bounded: ``collection`` is one of the collections a replica serves (``settings.collections``)
+    and ``reason`` is one of :data:`service.version_manager.REFUSAL_CODES`.  The live version itself is only a
+    label of ``adawidth_live_version_info`` (one series per collection at a time: a switch removes only that
+    collection's previous series).  ``adawidth_loaded_versions`` is the process's total over its collections
+    (what memory holds); ``adawidth_registry_up`` is the one registry connection every collection follows.
     """
 
     def __init__(self, gateway: GatewayMetrics):
@@ -113,6 +118,14 @@ class CutoverMetrics:
                                "reason code.", ["collection", "reason"], registry=registry)
         self.registry_up = Gauge("adawidth_registry_up", "1 when the last exchange with the version registry "
                                  "succeeded, 0 while it is unreachable.", registry=registry)
-        self.loaded_versions = Gauge("adawidth_loaded_versions", "Index versions held in memory (live, rollback "
-                                     "target, warm candidates, and retired ones still held by requests).",
-                                     registry=registry)
+        self.loaded_versions = Gauge("adawidth_loaded_versions", "Index versions held in memory over every "
+                                     "collection (live, rollback target, warm candidates, and retired ones still "
+                                     "held by requests).", registry=registry)
+        self._loaded: dict[str, int] = {}
+        self._loaded_lock = threading.Lock()
+
+    def set_loaded(self, collection: str, count: int) -> None:
+        """Record that ``collection`` holds ``count`` versions; ``adawidth_loaded_versions`` is the sum."""
+        with self._loaded_lock:
+            self._loaded[collection] = count
+            self.loaded_versions.set(sum(self._loaded.values()))

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from engine.plan import FilterValues, SearchSpec
+from service import examples as ex
 from service.errors import STATUS_OF_CODE, ApiError
 from service.parsing import check_keys, validate
 
@@ -103,6 +104,13 @@ class Trace(BaseModel):
     reranked: int = Field(0, description="Candidates the tier reranked (0 for 'mips').")
     timings_seconds: dict[str, float] = Field(description="Seconds per stage (encode, rotate, stage1, route, "
                                                           "rescore, fuse, rerank) and total.")
+    stage1_backend: str | None = Field(None, description="Stage-1 backend of the dense lane: 'levels' (certified "
+                                       "level scan), 'flat' (exhaustive scan), an ANN kind (ivf, hnsw, "
+                                       "ivf_panorama, hnsw_panorama; issue 19), or faiss / milvus (prefix shortlist).")
+    effort: int | None = Field(None, description="ANN backends: the per-query effort used (nprobe or efSearch).")
+    effort_name: str | None = Field(None, description="ANN backends: 'nprobe' or 'efSearch'.")
+    served_exact_because: str | None = Field(None, description="Set when a 'recall' request on an ANN version was "
+                                             "served by the exact path instead, and why (e.g. recall_target 1.0).")
     delta: dict[str, int | bool] | None = Field(
         None, description="Pending writes of the collection (issue 18; null when there are none): 'documents' in "
                           "its delta segment, 'returned' of them in these results, 'masked' when deleted or "
@@ -110,6 +118,8 @@ class Trace(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": ex.SEARCH_RESPONSES})
+
     results: list[Hit]
     trace: Trace
 
@@ -192,12 +202,7 @@ class BatchSearchResponse(BaseModel):
     """Answer of a batch search: one slot per query, in request order."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"results": [
-        {"results": [{"id": "4983", "score": 0.71}],
-         "trace": {"width": 384, "escalated": False, "router_score": None, "index_version": "20261130T063214Z-fc31887d",
-                   "coordinates_scored": 412000, "policy": "recall", "timings_seconds": {"encode": 0.02,
-                                                                                        "total": 0.024}}},
-        {"error": {"code": "blank_query", "message": "query must contain a visible character", "field": "query"},
-         "status": 422}]}]})
+        ex.SEARCH_RESPONSES[0], {**ex.error_example("blank_query"), "status": 422}]}]})
 
     results: list[SearchResponse | BatchItemError] = Field(
         description="Slot i answers queries[i]: a search response, or that query's error and status.")
@@ -220,18 +225,26 @@ class CollectionsResponse(BaseModel):
     """Answer of ``GET /v1/collections``."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"collections": [
-        {"name": "scifact", "index_version": "20261130T063214Z-fc31887d", "documents": 5183,
+        {"name": "scifact", "index_version": ex.LIVE, "documents": 5183,
          "policies": ["recall", "router"], "default_policy": "recall", "default": True}]}]})
 
     collections: list[CollectionInfo]
 
 
-def error_responses(*statuses: int) -> dict:
-    """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429)."""
+def error_responses(*statuses: int, examples: dict[int, str] | None = None) -> dict:
+    """OpenAPI ``responses`` entries for error statuses (with Retry-After on 429), each with an example body.
+
+    Args:
+        statuses: the HTTP statuses.
+        examples: status -> the code its example shows (default: :data:`service.examples.DEFAULT_ERROR_CODE`).
+    """
     out: dict = {}
     for status in statuses:
         codes = sorted(c for c, st in STATUS_OF_CODE.items() if st == status)
         out[status] = {"model": ErrorBody, "description": "Error; code one of: " + ", ".join(codes)}
+        code = (examples or {}).get(status) or ex.DEFAULT_ERROR_CODE.get(status)
+        if code is not None:
+            out[status]["content"] = {"application/json": {"example": ex.error_example(code)}}
         if status == 429:
             out[status]["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
                                                       "schema": {"type": "integer"}}}

@@ -1,5 +1,11 @@
 """What one gateway process holds (settings, encoder, rerankers, index versions, metrics) and how it runs a
 search: resolve the :class:`engine.plan.Plan`, run :class:`engine.pipeline.Pipeline` under the limiter, count it.
+
+A gateway serves every collection of ``settings.collections``: one :class:`VersionManager` and one
+:class:`service.follower.RegistryFollower` per collection, each following its own registry entry (a promotion
+or rollback of one never touches another), over one shared registry connection, encoder, reranker set,
+limiter and query-embedding cache.  ``settings.collection`` is the default collection (``POST /v1/search``,
+``/admin/*`` without a collection, the top-level ``/readyz`` fields, the online-CUS monitor).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from engine.stage1 import Stage1Unavailable
 from engine.stages.delta import merge_delta
 from service.config import GatewaySettings
 from service.errors import ApiError
-from service.follower import start_replica
+from service.follower import RegistryFollower, start_replica
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import CutoverMetrics, GatewayMetrics
 from service.online_cus import OnlineCusMonitor
@@ -32,7 +38,8 @@ log = logging.getLogger("service")
 
 
 class GatewayState:
-    """What the process holds: settings, encoder, the versions (live and warm) with the registry follower, metrics."""
+    """What the process holds: settings, encoder, each collection's versions (live and warm) with its registry
+    follower, metrics."""
 
     def __init__(self, settings: GatewaySettings, registry: CollectorRegistry):
         self.settings = settings
@@ -42,13 +49,20 @@ class GatewayState:
         self.encoder = None
         self.maxsim = None  # engine.scorers.MaxSimScorer once the encoder is loaded
         self.cross_encoder = None  # engine.scorers.CrossEncoderScorer when an export is present
-        self.versions = VersionManager(settings.collection, settings.index_root, None, self.cutover_metrics,
-                                       settings.canary_queries)
-        self.versions.stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
-        self.versions.level_threads = settings.level_threads
-        self.registry = None  # engine.registry.Registry, None when a version is pinned
-        self.follower = None  # service.follower.RegistryFollower
-        self.load_error: str | None = None
+        # the collections served, by name, in the order of settings.collections
+        self.collections: dict[str, VersionManager] = {}
+        stage1 = settings.stage1_provider()  # faiss in process, or Milvus (engine/stage1.py)
+        for name in settings.collections:
+            versions = VersionManager(name, settings.index_root, None, self.cutover_metrics, settings.canary_queries)
+            versions.stage1 = stage1
+            versions.level_threads = settings.level_threads
+            versions.level_scan_min_docs = settings.level_scan_min_docs
+            self.collections[name] = versions
+        self.versions = self.collections[settings.collection]  # the default collection's
+        self.registry = None  # engine.registry.Registry shared by the followers; None when nothing follows one
+        self.followers: dict[str, RegistryFollower] = {}  # by collection; none for a pinned default collection
+        self.load_error: str | None = None  # the encoder's, or the default collection's, failure at start
+        self.load_errors: dict[str, str] = {}  # collection -> why it had no live version at start
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
                                      settings.retry_after_s)
         self.metrics.search_running.set_function(lambda: self.limiter.running)
@@ -57,9 +71,12 @@ class GatewayState:
         self.defaults = plan_defaults(settings)
         self.query_cache = QueryEmbeddingCache(settings.query_cache_entries, settings.query_cache_bytes,
                                                on_lookup=self.metrics.observe_query_cache)
-        # the collections served, by name: one for now (a later change serves several from this dict)
-        self.collections: dict[str, VersionManager] = {settings.collection: self.versions}
         self.live_docs = LiveDocuments(self)  # write-ahead logs and delta segments (issue 18), opened by load()
+
+    @property
+    def follower(self) -> RegistryFollower | None:
+        """The default collection's registry follower (None when pinned or not loaded)."""
+        return self.followers.get(self.settings.collection)
 
     def collection(self, name: str) -> VersionManager:
         """The versions of collection ``name`` (what ``/v1/collections/{name}/...`` routes search).
@@ -83,14 +100,24 @@ class GatewayState:
                 "default_policy": caps.default_policy if caps is not None else None,
                 "default": name == self.settings.collection}
 
+    def collection_status(self, name: str) -> dict:
+        """``/readyz`` entry of collection ``name``: its live version and documents (nulls while none is live)
+        and its registry view (:meth:`service.follower.RegistryFollower.status`, or ``"pinned"``)."""
+        versions = self.collection(name)
+        live = versions.live
+        follower = self.followers.get(name)
+        reg = follower.status() if follower is not None else {"registry": "pinned", "degraded": []}
+        return {"index_version": live.version if live is not None else None,
+                "documents": live.size if live is not None else None, **reg}
+
     @property
     def live(self) -> IndexVersion | None:
-        """The live version now (requests take theirs with ``self.versions.acquire()``)."""
+        """The default collection's live version now (requests take theirs with ``versions.acquire()``)."""
         return self.versions.live
 
     def load(self) -> None:
-        """Load the encoder, then the live version (pinned, or the registry's) and follow the registry;
-        failures leave the replica unready."""
+        """Load the encoder, then each collection's live version (pinned, or its registry entry's) and follow
+        the registry (one follower per collection); failures leave the replica unready."""
         s = self.settings
         try:
             self.encoder = OnnxEncoder(s.encoder_dir, threads=s.encoder_threads, prefer_gpu=s.prefer_gpu, spin=False)
@@ -98,7 +125,6 @@ class GatewayState:
             self.load_error = str(e)
             log.error("gateway not ready: %s", e)
             return
-        self.versions.encoder = self.encoder
         self.maxsim = MaxSimScorer(self.encoder, s.maxsim_cache_documents)
         try:
             self.cross_encoder = CrossEncoderScorer(s.cross_encoder_dir, threads=s.encoder_threads,
@@ -107,46 +133,60 @@ class GatewayState:
         except CrossEncoderNotFoundError as e:
             self.cross_encoder = None
             log.info("cross-encoder tier unavailable: %s", e)
+        # the online-CUS baseline and escalation target are the default collection's (one series each)
         self.versions.on_live = lambda v: self.online_cus.observe_version(v, s.default_rho)
         self.live_docs.pending = True  # searches wait (not_ready) until the write-ahead logs are replayed
-        self.registry, self.follower, self.load_error = start_replica(s, self.versions, self.cutover_metrics)
+        for name, versions in self.collections.items():
+            versions.encoder = self.encoder
+            registry, follower, error = start_replica(s, versions, self.cutover_metrics, registry=self.registry)
+            self.registry = registry or self.registry
+            if follower is not None:
+                self.followers[name] = follower
+            live = versions.live
+            if live is None:
+                self.load_errors[name] = error or f"collection {name!r} has no live version"
+                log.error("gateway not ready: %s", self.load_errors[name])
+                continue
+            log.info("serving %s/%s (%d documents, providers %s, registry %s)", name, live.version, live.size,
+                     self.encoder.providers, self.registry.kind if follower is not None else "pinned")
+        self.load_error = self.load_errors.get(s.collection)
         self.live_docs.open()
-        if self.live is None:
-            log.error("gateway not ready: %s", self.load_error)
-            return
-        log.info("serving %s/%s (%d documents, providers %s, registry %s)", self.live.collection, self.live.version,
-                 self.live.size, self.encoder.providers, self.registry.kind if self.registry else "pinned")
 
-    def reload(self) -> tuple[str | None, str | None]:
-        """Reconcile with the registry now (``POST /admin/reload``): load, verify, warm and switch to the
-        version the registry names live, instead of waiting for the next poll or notification.
+    def reload(self, name: str | None = None) -> tuple[str | None, str | None]:
+        """Reconcile collection ``name`` (default: the default collection) with its registry entry now
+        (``POST /admin/reload``): load, verify, warm and switch to the version the registry names live, instead
+        of waiting for the next poll or notification.  Other collections are not touched.
 
         Returns:
             (live version before, live version after); equal when nothing changed, and both the
-            pinned version when this replica serves ``settings.version`` without a registry.
+            pinned version when the default collection serves ``settings.version`` without a registry.
 
         Raises:
+            ApiError: ``unknown_collection`` (404) when this gateway does not serve ``name``.
             engine.registry.RegistryError: the registry is unreachable.
             service.version_manager.VersionRefused: the registry's live version failed a check here
                 (the current version stays live).
         """
+        name = name or self.settings.collection
+        versions = self.collection(name)
+        follower = self.followers.get(name)
         with self._reload_lock:
-            previous = self.live.version if self.live is not None else None
-            if self.follower is not None:
-                self.follower.reconcile()
-                target = self.follower.registry.get(self.settings.collection).live
-                if target is not None and target in self.versions.refused:
-                    raise VersionRefused(self.versions.refused[target],
+            previous = versions.live.version if versions.live is not None else None
+            if follower is not None:
+                follower.reconcile()
+                target = follower.registry.get(name).live
+                if target is not None and target in versions.refused:
+                    raise VersionRefused(versions.refused[target],
                                          f"the registry's live version {target} was refused by this replica")
-            return previous, self.live.version if self.live is not None else None
+            return previous, versions.live.version if versions.live is not None else None
 
     def close(self) -> None:
-        """Stop following the registry, the limiter and the online-CUS worker."""
+        """Stop every collection's registry follower, the limiter and the online-CUS worker."""
         self.limiter.close()
         self.online_cus.close()
         self.live_docs.close()
-        if self.follower is not None:
-            self.follower.stop()
+        for follower in self.followers.values():
+            follower.stop()
         if self.registry is not None:
             self.registry.close()
 
@@ -224,13 +264,16 @@ class GatewayState:
         if plan.policy in ("exact", "recall"):
             m.observe_levels(t, version.size * version.dimension)
         # the escalation-drift alert compares this ratio with the version's default rho: count only queries the
-        # width router decided at that rho (not a client's own rho)
-        if plan.policy == "router" and "rho" in plan.defaulted:
+        # width router decided at that rho (not a client's own rho), on the default collection (whose target
+        # adawidth_escalation_target_ratio exports)
+        default = version.collection == self.settings.collection
+        if plan.policy == "router" and "rho" in plan.defaulted and default:
             m.routed.inc()
             if t["escalated"]:
                 m.escalations.inc()
-        if plan.mode == "dense" and not plan.restricted and t["tier"] == "mips" and result.embedding is not None:
-            # O(1); compared off the request path
+        if plan.mode == "dense" and not plan.restricted and t["tier"] == "mips" and result.embedding is not None \
+                and default:
+            # O(1); compared off the request path; the default collection's only (its baseline is the one exported)
             width = {"exact": "full", "fixed": plan.width}.get(plan.policy, "auto")
             self.online_cus.offer(version, result.embedding, result.ids, width)
         log_query_sample(self.settings, plan.query, t["width"])

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.index import IndexVersion
+from engine.index import LEVEL_SCAN_MIN_DOCS, IndexVersion
 from engine.pipeline import Pipeline, capabilities
 from engine.plan import SearchSpec
 from engine.stage1 import Stage1Unavailable
@@ -75,6 +75,7 @@ class VersionManager:
         self.canary_queries = tuple(canary_queries)
         self.level_threads = 0  # kernel threads of one query's level scan; 0: every core (the kernel keeps
         # at least 32,768 rows a thread, so a small corpus scans on one)
+        self.level_scan_min_docs = LEVEL_SCAN_MIN_DOCS  # width full: one flat scan below it (engine.index)
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
         self._live: str | None = None
@@ -183,6 +184,7 @@ class VersionManager:
         try:
             v = IndexVersion.load(path, expect=expect, stage1=self.stage1)
             v.level_threads = self.level_threads or os.cpu_count() or 1
+            v.level_scan_min_docs = self.level_scan_min_docs
             return v
         except Stage1Unavailable as e:
             if e.transient:  # the engine did not answer: not a verdict on the version; retried next reconcile
@@ -237,9 +239,11 @@ class VersionManager:
             v = self._held[version].version
             if self.metrics is not None:
                 m = self.metrics
-                m.live_version.clear()
+                if old is not None:  # this collection's series only: other collections keep theirs
+                    with contextlib.suppress(KeyError):
+                        m.live_version.remove(self.collection, old)
                 m.live_version.labels(self.collection, version).set(1)
-                m.index_documents.set(v.size)
+                m.index_documents.labels(self.collection).set(v.size)
                 if old is not None:
                     (m.rollbacks if action == "rollback" else m.cutovers).labels(self.collection).inc()
             self._collect_locked()
@@ -262,4 +266,4 @@ class VersionManager:
 
     def _gauge_locked(self) -> None:
         if self.metrics is not None:
-            self.metrics.loaded_versions.set(len(self._held))
+            self.metrics.set_loaded(self.collection, len(self._held))

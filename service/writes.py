@@ -33,6 +33,7 @@ from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest
 from engine.plan import has_lone_surrogate, is_blank
 from engine.version import store
 from engine.wal import FileWriteLog, WalError
+from service import examples as ex
 from service.auth import require_write_key
 from service.errors import ApiError
 from service.models import error_responses
@@ -335,7 +336,12 @@ def build_write_router(state) -> APIRouter:
     """The live-document routes of the gateway (module docstring), bound to ``state`` (a GatewayState)."""
     router = APIRouter(dependencies=[Depends(require_write_key)], tags=["documents"])
     settings = state.settings
-    errors = error_responses(400, 401, 403, 404, 413, 415, 422, 503)
+    errors = error_responses(400, 401, 403, 404, 413, 415, 422, 503, examples={
+        403: "writes_disabled", 413: "body_too_large", 422: "invalid_id", 503: "writes_unavailable"})
+    read_errors = {**errors, **error_responses(404, examples={404: "unknown_document"})}
+
+    def answer(status: int, description: str, example: dict) -> dict:  # a plain-dict answer: its example
+        return {status: {"description": description, "content": {"application/json": {"example": example}}}}
 
     def accepted(name: str, op: str, seq: int, count: int) -> JSONResponse:
         return JSONResponse({"collection": name, "op": op, "seq": seq, "count": count}, status_code=202)
@@ -350,10 +356,16 @@ def build_write_router(state) -> APIRouter:
             raise ApiError("writes_unavailable", "the write could not be made durable; retry",
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
 
-    @router.put("/v1/collections/{name}/documents", status_code=202, responses=errors, openapi_extra={
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
-            NDJSON: {"schema": {"type": "string"}}}}})
+    @router.put("/v1/collections/{name}/documents", status_code=202, responses={
+        **answer(202, "Accepted: durable (write-ahead log, fsync) and searchable.", ex.UPSERT_ACCEPTED), **errors},
+        openapi_extra={"requestBody": {
+            "required": True,
+            "description": "The documents `{id, title?, text, fields?}`: a JSON array (application/json), or "
+                           "NDJSON (application/x-ndjson: one document object a line).",
+            "content": {
+                "application/json": {"schema": {"type": "array", "items": {"type": "object"}},
+                                     "example": ex.UPSERT_BODY},
+                NDJSON: {"schema": {"type": "string"}, "example": ex.UPSERT_NDJSON}}}})
     async def put_documents(request: Request, name: str):
         """Upsert documents: 202 ``{"seq": n}`` once durable (write-ahead log, fsync) and searchable."""
         live = state.live_docs.of(name)
@@ -363,10 +375,11 @@ def build_write_router(state) -> APIRouter:
         seq = await logged(live.upsert, docs)
         return accepted(name, "upsert", seq, len(docs))
 
-    @router.post("/v1/collections/{name}/documents/delete", status_code=202, responses=errors, openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+    @router.post("/v1/collections/{name}/documents/delete", status_code=202, responses={
+        **answer(202, "Accepted: durable; no later search returns these ids.", ex.DELETE_ACCEPTED), **errors},
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
             "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
-            "required": ["ids"]}}}}})
+            "required": ["ids"]}, "example": ex.DELETE_BODY}}}})
     async def delete_documents(request: Request, name: str):
         """Delete documents by id: 202 ``{"seq": n}`` once durable; no later search returns them."""
         live = state.live_docs.of(name)
@@ -376,7 +389,12 @@ def build_write_router(state) -> APIRouter:
         seq = await logged(live.delete, ids)
         return accepted(name, "delete", seq, len(ids))
 
-    @router.get("/v1/collections/{name}/documents/{doc_id:path}", responses=errors)
+    @router.get("/v1/collections/{name}/documents/{doc_id:path}", responses={
+        200: {"description": "The stored document: from the delta segment (seq of its write) or the live version.",
+              "content": {"application/json": {"examples": {
+                  "delta": {"summary": "written since the live version", "value": ex.DOCUMENTS[0]},
+                  "version": {"summary": "served from the live version", "value": ex.DOCUMENTS[1]}}}}},
+        **read_errors})
     async def get_document(name: str, doc_id: str):
         """The stored document ``doc_id`` and where it is served from: ``"delta"`` or the live version."""
         live = state.live_docs.of(name)
@@ -397,7 +415,8 @@ def build_write_router(state) -> APIRouter:
             doc = {"id": doc_id, "text": texts[row] if texts is not None else None}
             return {"id": doc_id, "served_from": version.version, "seq": None, "document": doc}
 
-    @router.get("/v1/collections/{name}/writes", responses=errors)
+    @router.get("/v1/collections/{name}/writes", responses={
+        **answer(200, "Sequence numbers and pending writes of the collection.", ex.WRITES), **errors})
     async def writes(name: str):
         """Sequence numbers of the collection's writes: last accepted, last folded, the live version's."""
         live = state.live_docs.of(name)

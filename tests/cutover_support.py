@@ -194,13 +194,15 @@ class Outcome:
 
 @dataclass
 class LoadGenerator:
-    """``concurrency`` clients looping over (query, width) pairs round-robin across the replicas until stopped."""
+    """``concurrency`` clients looping over (query, width) pairs round-robin across the replicas until stopped;
+    ``path``: the search route posted to (e.g. ``/v1/collections/<name>/search``)."""
 
     urls: list[str]
     queries: list[str]
     widths: tuple = (64, "full", "auto")
     concurrency: int = 24
     outcomes: list[Outcome] = field(default_factory=list)
+    path: str = "/v1/search"
 
     def __post_init__(self):
         self._stop = threading.Event()
@@ -246,7 +248,7 @@ class LoadGenerator:
                 url = next(self._url)
             started = time.time()
             try:
-                r = await client.post(f"{url}/v1/search", json={"query": self.queries[q], "k": 10, "width": w})
+                r = await client.post(f"{url}{self.path}", json={"query": self.queries[q], "k": 10, "width": w})
                 if r.status_code == 200:
                     data = r.json()
                     o = Outcome(q, w, 200, data["trace"]["index_version"], [h["id"] for h in data["results"]],

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import stage1_policy
-from adawidth.levels import LevelStore
+from adawidth.levels import LevelLayout, LevelStore
 from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
@@ -52,19 +52,21 @@ from adawidth.metrics import ranking_metric
 from adawidth.rotation import orthogonality_error, pca_rotation
 from adawidth.router import FEATURE_NAMES, router_feature_matrix, threshold_for_rate
 from adawidth.tiers import RERANK_DEPTH
+from engine import ann
 from engine.home import home_defaults
 from engine.index import IndexVersion, Router
 from engine.pipeline import Pipeline, capabilities
 from engine.plan import SearchSpec, is_blank
 from engine.recall import RecallPolicy
-from engine.io.beir import (Collection, DatasetFormatError, Document, available_splits, load_collection, load_qrels,
+from engine.stage1 import AnnStage1
+from engine.io.beir import (Collection, DatasetFormatError, available_splits, load_collection, load_qrels,
                             load_queries)
 from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
 from engine.version import files
 from engine.version.files import Files
 from engine.version.lexical import lexical_files
-from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, CarsSection, CorpusSection, EncoderSection,
+from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, BackendSection, CarsSection, CorpusSection, EncoderSection,
                                      Manifest, PolicySection, RouterPairSection, RouterSection, TiersSection,
                                      WritesSection, read_manifest)
 from engine.version.store import build_lock, new_version_id, utc_timestamp, write_version
@@ -121,6 +123,9 @@ class BuildOptions:
     recall_bound: str = "data_aware_doc"   # the level scan's probabilistic bound of policy 'recall'
     pseudo_queries: int = 600              # calibration queries drawn from the corpus when there is no train split
     strict: bool = False                   # refuse a corpus with empty documents instead of skipping them (issue 18)
+    ann: str = "none"                      # ANN first stage (issue 19): none, auto, ivf, hnsw, ivf_panorama, hnsw_panorama
+    ann_params: dict = field(default_factory=dict)  # overrides of engine.ann.default_params (M, ef_construction, nlist)
+    ann_tuning_queries: int = 1000         # at most this many queries tune the effort curve
     documents: list | None = None          # the corpus (engine.io.beir.Document) instead of the dataset's (a fold)
     reuse_from: Path | None = None         # a version whose rotation, routers, recall policy, level layout are reused
     writes: dict | None = None             # the manifest's writes section (folded_seq, base_version, base_folded_seq)
@@ -261,6 +266,8 @@ class BuildContext:
     policy: PolicyFit | None = None
     levels: LevelStore | None = None
     recall: dict | None = None             # the fitted recall policy: booster, oof, table, section fields
+    backend: ann.BackendChoice | None = None  # the stage-1 backend chosen from N and the memory budget (issue 19)
+    ann: dict | None = None                # the ANN first stage: index, params, curve, section fields
     evaluation: dict | None = None
     capacity: dict | None = None
     base: IndexVersion | None = None       # reuse_from, loaded (its fitted parts are reused)
@@ -484,12 +491,71 @@ def _routers(ctx: BuildContext) -> None:
         }
 
 
+def _choose_backend(ctx: BuildContext) -> None:
+    """The stage-1 backend from N, ``--ann``, ``ann_min_docs`` and ``memory_budget_bytes`` (settings), before any
+    encoding: a build that would not fit raises :class:`engine.ann.MemoryBudgetError` (a ValueError: the CLI
+    exits 2 with the bytes needed).  An ANN version holds no level store (its exact path is the flat scan)."""
+    opts, settings = ctx.opts, ctx.settings
+    D = ctx.encoder.dimension
+    layout = LevelLayout.default(D)
+    level_bpd = (4.0 * D + 2.0 * layout.fp16_width + 4.0 * (layout.L + 1)) if opts.levels else 0.0
+    ctx.backend = ann.select_backend(opts.ann, len(ctx.doc_ids), D,
+                                     ann_min_docs=int(getattr(settings, "ann_min_docs", 200_000)),
+                                     memory_budget_bytes=getattr(settings, "memory_budget_bytes", None),
+                                     level_bytes_per_document=level_bpd, fp16_width=layout.fp16_width,
+                                     params=opts.ann_params)
+    log.info("stage-1 backend: %s (%s)", ctx.backend.backend, ctx.backend.reason)
+
+
+def _pseudo_query_embeddings(ctx: BuildContext):
+    """Pseudo-queries drawn from the corpus (no train split) and their (Q, D) float32 frozen embeddings."""
+    docs = ctx.col.corpus
+    pseudo = pseudo_queries([d.title for d in docs], [d.text for d in docs], ctx.opts.pseudo_queries, ctx.opts.seed)
+    cache = EmbeddingCache(ctx.settings.embedding_cache, ctx.encoder.dimension)
+    try:
+        QP, _ = encode_with_cache(ctx.encoder, pseudo.texts, cache, desc=f"encoding {ctx.name} pseudo-queries")
+    finally:
+        cache.close()
+    return pseudo, QP
+
+
+def _ann(ctx: BuildContext) -> None:
+    """The ANN first stage of the chosen backend over the rotated documents, and its effort curve tuned on the
+    training queries (or corpus pseudo-queries): recall@10 against exhaustive search after the exact rescoring."""
+    opts = ctx.opts
+    if ctx.backend is None or ctx.backend.backend == "flat":
+        return
+    kind = ctx.backend.backend
+    N = len(ctx.doc_ids)
+    params = ann.default_params(kind, N, **opts.ann_params)
+    with ctx.timer(f"ann {kind}"):
+        index = ann.build_index(ctx.X_rot, params, seed=opts.seed)
+    with ctx.timer("ann effort tuning"):
+        if ctx.has_train:
+            Q, source, pseudo = ctx.train.emb, "train", None
+        else:
+            pseudo, Q = _pseudo_query_embeddings(ctx)
+            source = f"pseudo:{pseudo.record['mode']}"
+        rng = np.random.default_rng(opts.seed)
+        if len(Q) > opts.ann_tuning_queries:
+            Q = Q[np.sort(rng.choice(len(Q), opts.ann_tuning_queries, replace=False))]
+        Q_rot = np.ascontiguousarray(Q @ ctx.R.T, np.float32)
+        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10)
+    margin = 0.25 if pseudo is None else 0.5
+    targets = {f"{t:g}": ann.effort_for(curve, t, margin) for t in ann.DEFAULT_TARGETS}
+    ctx.ann = {"index": index, "params": params, "curve": curve,
+               "section": {"targets": targets, "margin_share": margin, "tuning_source": source,
+                           "tuning_queries": int(len(Q_rot)), "bytes_per_document": ctx.backend.bytes_per_document,
+                           "pseudo_queries": pseudo.record if pseudo is not None else None}}
+    log.info("ann %s: %s; served efforts %s", kind, params.as_dict(), targets)
+
+
 def _levels_and_recall(ctx: BuildContext) -> None:
     """The level store of the served rotation and policy ``recall``: a LightGBM model of recall@k per confidence,
     calibrated out of fold on the training queries (through the cross-fitted rotations when the rotation is
     learned, as the routers are), or on pseudo-queries drawn from the corpus when there is no train split."""
     opts = ctx.opts
-    if not opts.levels:
+    if not opts.levels or (ctx.backend is not None and ctx.backend.backend != "flat"):
         return
     base_levels = ctx.base.levels if ctx.base is not None else None
     with ctx.timer("level store"):
@@ -517,13 +583,7 @@ def _levels_and_recall(ctx: BuildContext) -> None:
             table = concat_tables(tables)
             pseudo = None
         else:
-            docs = ctx.col.corpus
-            pseudo = pseudo_queries([d.title for d in docs], [d.text for d in docs], opts.pseudo_queries, opts.seed)
-            cache = EmbeddingCache(ctx.settings.embedding_cache, ctx.encoder.dimension)
-            try:
-                QP, _ = encode_with_cache(ctx.encoder, pseudo.texts, cache, desc=f"encoding {ctx.name} pseudo-queries")
-            finally:
-                cache.close()
+            pseudo, QP = _pseudo_query_embeddings(ctx)
             source = f"pseudo:{pseudo.record['mode']}"
             table = recall_table(ctx.levels, np.ascontiguousarray(QP @ ctx.R.T, np.float32), bound=opts.recall_bound)
         booster, oof = fit_recall_policy(table, seed=opts.seed)
@@ -562,10 +622,14 @@ def served_version(ctx: BuildContext) -> IndexVersion:
         recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
                               sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
                               margin_share=sec["margin_share"])
+    a = None
+    if ctx.ann is not None:
+        a = AnnStage1(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"], ctx.ann["section"]["margin_share"],
+                      ctx.ann["section"]["bytes_per_document"])
     return IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, m0=opts.m0, shortlist=opts.shortlist,
                                   routers=routers, default_pair=tuple(opts.default_pair) if routers else None,
                                   default_rho=opts.default_rho, levels=ctx.levels, recall_policy=recall,
-                                  backend="faiss", collection=ctx.name, theta=0.05)
+                                  backend="faiss", collection=ctx.name, theta=0.05, ann=a)
 
 
 SERVED_POLICIES = {
@@ -596,7 +660,7 @@ def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], s
         version lacks is left out.
     """
     pipe, out, full = Pipeline(), {}, None
-    has = {"recall": version.recall_policy is not None and version.levels is not None,
+    has = {"recall": (version.recall_policy is not None and version.levels is not None) or version.ann is not None,
            "router": bool(version.routers)}
     for name, fields in SERVED_POLICIES.items():
         if fields.get("policy") and not has[fields["policy"]]:
@@ -691,7 +755,25 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
         recall_writers, recall_section = files.recall_policy_files(r["booster"], r["oof"], r["table"].recall,
                                                                    **r["section"])
         writers.update(recall_writers)
-    default_policy = ("recall" if recall_section is not None else "funnel" if ctx.policy is not None
+    ann_section = None
+    if ctx.ann is not None:
+        ann_writers, ann_section = files.ann_files(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"],
+                                                   **ctx.ann["section"])
+        writers.update(ann_writers)
+    backend_section = None
+    if ctx.backend is not None:
+        b, st = ctx.backend, ctx.settings
+        N, D = len(ctx.doc_ids), encoder.dimension
+        every = {"flat": ann.bytes_per_document("flat", N, D, level_bytes_per_document=ctx.levels.nbytes / max(N, 1)
+                                                if ctx.levels is not None else 0.0,
+                                                fp16_width=ctx.levels.layout.fp16_width if ctx.levels is not None else 0)}
+        for kind in ann.ANN_KINDS:
+            every[kind] = ann.bytes_per_document(kind, N, D, ann.default_params(kind, N, **opts.ann_params))
+        backend_section = BackendSection(chosen=b.backend, reason=b.reason, requested=opts.ann,
+                                         ann_min_docs=getattr(st, "ann_min_docs", None),
+                                         memory_budget_bytes=getattr(st, "memory_budget_bytes", None),
+                                         needed_bytes=b.needed_bytes, bytes_per_document=every)
+    default_policy = ("recall" if recall_section is not None or ann_section is not None else "funnel" if ctx.policy is not None
                       else "router" if ctx.routers else None)
     if ctx.capacity is not None:
         writers.update(capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
@@ -712,7 +794,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
                              skipped_empty=len(ctx.skipped_empty), skipped_empty_ids=ctx.skipped_empty[:20]),
         stage1_policy=policy, evaluation=ctx.evaluation, lexical=lexical,
         cars=CarsSection(**ctx.cars_meta) if ctx.cars_meta is not None else None,
-        rerank=rerank, tiers=tiers, levels=levels_section, recall_policy=recall_section,
+        rerank=rerank, tiers=tiers, levels=levels_section, recall_policy=recall_section, ann=ann_section,
+        backend=backend_section,
         policy=PolicySection(default=default_policy), capacity=capacity_summary(ctx.capacity) if ctx.capacity is not None else None,
         writes=WritesSection(**{"fitting": "reused" if ctx.base is not None else "refitted", **opts.writes,
                                 "drift": ctx.drift}) if opts.writes is not None else None,
@@ -750,6 +833,8 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     Raises:
         engine.io.beir.DatasetFormatError: on malformed input files.
         ValueError: on inconsistent options (e.g. an action pair below m0).
+        engine.ann.MemoryBudgetError: the stage-1 backend does not fit ``settings.memory_budget_bytes`` (a
+            ValueError naming the bytes needed; raised before encoding).
         engine.scorers.CrossEncoderNotFoundError: ``tiers`` without a cross-encoder export.
     """
     _check_options(opts, settings, encoder.dimension)
@@ -762,8 +847,7 @@ def _build_locked(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest
     ctx = BuildContext(opts, settings, encoder)
     if opts.reuse_from is not None:
         ctx.base = IndexVersion.load(opts.reuse_from)
-    for step in (_read_dataset, _encode, _cars, _rotations, _routers, _levels_and_recall, _difficulty_head,
-                 _funnel_policy, _evaluation_and_capacity):
+    for step in _STEPS:
         step(ctx)
     if ctx.base is not None:
         ctx.drift = _drift_check(ctx)
@@ -779,11 +863,15 @@ def _build_locked(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest
 def _build_refit(opts: BuildOptions, settings, encoder, drift: dict) -> tuple[Path, Manifest]:
     """The build of ``opts`` without reuse (the drift check said retrain); the manifest records ``drift``."""
     ctx = BuildContext(opts, settings, encoder)
-    for step in (_read_dataset, _encode, _cars, _rotations, _routers, _levels_and_recall, _difficulty_head,
-                 _funnel_policy, _evaluation_and_capacity):
+    for step in _STEPS:
         step(ctx)
     ctx.drift = drift
     return _write_and_publish(ctx)
+
+
+_STEPS = (_read_dataset, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
+          _difficulty_head, _funnel_policy, _evaluation_and_capacity)
+"""The steps of a build, in order (module docstring)."""
 
 
 def _drift_check(ctx: BuildContext) -> dict:

@@ -46,6 +46,10 @@ from trainer import data_cli, registry_cli, scale_cli
 from trainer.config import TrainerSettings
 from trainer.export_onnx import export_encoder
 
+ANN_CHOICES = ("none", "auto", "ivf", "hnsw", "ivf_panorama", "hnsw_panorama")
+"""``build --ann`` values: :data:`engine.ann.BACKEND_CHOICES`, spelled out so the CLI starts without faiss
+(tests/unit/test_ann.py checks they are equal)."""
+
 
 def _pair(text: str) -> tuple[int, int]:
     try:
@@ -123,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                             cars={"rank": args.cars_rank, "prior_queries": args.cars_prior_queries} if args.cars else None,
                             stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
                             embeddings=args.embeddings, tiers=args.tiers, cross_encoder=args.cross_encoder,
-                            tier_head_queries=args.tier_head_queries, strict=args.strict)
+                            tier_head_queries=args.tier_head_queries, strict=args.strict, ann=args.ann,
+                            ann_params={k: v for k, v in {"M": args.ann_m, "ef_construction": args.ann_ef_construction,
+                                                          "nlist": args.ann_nlist}.items() if v is not None})
         if args.command == "serve":
             return _serve(args, opts, settings, encoder)
         try:
@@ -240,6 +246,13 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
                    help="cross-encoder export for --tiers (default <home>/models/minilm-cross-encoder)")
     b.add_argument("--tier-head-queries", type=int, default=None,
                    help="label at most this many held-out training queries for the head (default: all)")
+    b.add_argument("--ann", default="none", choices=list(ANN_CHOICES),
+                   help="ANN first stage over the rotated documents (issue 19): none (flat certified scan), auto "
+                        "(flat below ADAWIDTH_ANN_MIN_DOCS, else HNSW or IVF within ADAWIDTH_MEMORY_BUDGET_BYTES), "
+                        "or one kind")
+    b.add_argument("--ann-m", type=int, default=None, help="HNSW neighbours M (default 32)")
+    b.add_argument("--ann-ef-construction", type=int, default=None, help="HNSW efConstruction (default 80)")
+    b.add_argument("--ann-nlist", type=int, default=None, help="IVF lists (default round(4 sqrt(N)))")
 
 
 if __name__ == "__main__":

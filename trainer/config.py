@@ -31,6 +31,12 @@ class TrainerSettings(BaseSettings):
                                    "default <home>/milvus.db).")
     milvus_token: str | None = Field(None, description="Milvus credentials ('user:password' or an API key).")
     milvus_prefix: str = Field("adawidth", description="Prefix of the Milvus collection names.")
+    ann_min_docs: int = Field(200_000, ge=0, description="`build --ann auto`: corpora of at least this many documents "
+                              "get an ANN first stage (HNSW, else IVF when HNSW does not fit the memory budget); "
+                              "smaller ones the flat certified level scan.")
+    memory_budget_bytes: int | None = Field(None, ge=1, description="Bytes a built version's stage 1 may hold "
+                                            "(documents, level store or ANN index); a build whose backend does not "
+                                            "fit exits 2 with the bytes needed.  Unset: no budget.")
     ray_address: str | None = Field(None, description="Ray cluster of `trainer encode --ray` (e.g. ray://head:10001); "
                                     "unset: a local Ray started in process.")
 

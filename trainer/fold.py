@@ -20,7 +20,8 @@
    quality gate (:func:`trainer.registry_cli.promote_with_gate`), the normal blue/green path.
 
 When it goes live, the gateway drops the delta-segment entries with ``seq <= S`` (deploy/CUTOVER.md).
-Versions built with CARS, the DART difficulty head or the funnel policy are not folded yet (exit 2: rebuild).
+Versions built with CARS, the DART difficulty head, the funnel policy or an ANN first stage are not folded yet
+(exit 2: rebuild).
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def fold_options(pending: PendingWrites, collection: str, documents: list[Docume
     """
     m = pending.manifest
     for present, what in ((m.cars, "CARS"), (m.tiers, "the DART difficulty head (--tiers)"),
-                          (m.stage1_policy, "the funnel policy (--stage1-policy)")):
+                          (m.stage1_policy, "the funnel policy (--stage1-policy)"),
+                          (m.ann, "an ANN first stage (--ann; its index is rebuilt per corpus)")):
         if present is not None:
             raise FoldError(f"{pending.base_version} was built with {what}, which folding does not reuse yet; "
                             "rebuild the collection instead (python -m trainer build)")
@@ -165,7 +167,7 @@ def fold_options(pending: PendingWrites, collection: str, documents: list[Docume
         capacity=m.capacity is not None, lexical=m.lexical is not None, levels=m.levels is not None,
         recall_policy=m.recall_policy is not None,
         recall_bound=m.recall_policy.bound if m.recall_policy is not None else "data_aware_doc",
-        documents=documents, reuse_from=pending.base_dir, drift_threshold=drift_threshold,
+        ann="none", documents=documents, reuse_from=pending.base_dir, drift_threshold=drift_threshold,
         writes={"folded_seq": pending.last_seq, "base_version": pending.base_version,
                 "base_folded_seq": pending.base_seq})
 

@@ -50,6 +50,8 @@ def render(plan: Plan, version, c: Candidates, *, allowed_documents: int | None,
         "alive_per_level": t.get("alive_per_level"),
         "tier": t.get("tier", "mips"), "tier_predicted": t.get("tier_predicted"),
         "reranked": int(t.get("reranked", 0)), "timings_seconds": timings,
+        "stage1_backend": t.get("stage1_backend"), "effort": t.get("effort"), "effort_name": t.get("effort_name"),
+        "served_exact_because": t.get("served_exact_because"),
     }
     rows = np.asarray(c.rows, np.int64)
     doc_ids = version.doc_ids

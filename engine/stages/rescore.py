@@ -4,6 +4,8 @@
   are recovered from the stage-1 cosines, so a query resolved at width m costs C·(m − m0) more, not C·m
   (§3.2.1 of 001).  A width below m0 starts the sums afresh over the shortlist (C·m).
 - ``funnel``: extend the blocked scan to the configuration's m1, keep its shortlist, rescore at its width.
+- ``recall`` on an ANN version: the ANN candidates rescored exactly at full width (float32 products of the
+  mapped documents, :func:`engine.ann.exact_rerank`; C·D multiply-adds).
 - ``exact``, ``recall``: finish the level scan (prune level by level, rescore survivors in float32).
 """
 
@@ -14,6 +16,7 @@ import numpy as np
 from adawidth import levels
 from adawidth import stage1_policy
 from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
+from engine.ann import exact_rerank
 from engine.candidates import Candidates
 from engine.plan import Plan
 
@@ -57,6 +60,13 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out.work["stage1"] = int(state.work + stage1_policy.evidence_work())
         out.work["rescore"] = int(len(rows) * (cfg.rescore_width - cfg.m1))
         out.trace.update(escalated=False)
+        return out
+    if plan.policy == "recall" and getattr(version, "ann", None) is not None:
+        rows = c.state.rows
+        top, scores = exact_rerank(version.docs, query, rows, plan.depth)
+        out = c.ranked(top, scores, version.dimension)
+        out.work["rescore"] = int(len(rows) * version.dimension)
+        out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=False)
         return out
     if plan.policy in ("exact", "recall") and c.state is not None:  # finish the level scan
         res = levels.finish(c.state, bound=c.trace["bound"], z=c.trace["confidence"])

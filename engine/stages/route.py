@@ -5,6 +5,7 @@
   escalates a fraction ρ of calibration queries (Algorithm 3 of 001).
 - ``funnel``: predict every configuration's top-10 agreement and take the cheapest that clears τ
   (:func:`adawidth.stage1_policy.choose_threshold`).
+- ``recall`` on an ANN version: nothing (stage 1 chose the effort before searching).
 - ``recall``: the version's recall policy picks the level-pruning confidence for the recall target.
 - ``exact``, ``fixed``: nothing to decide.
 """
@@ -41,6 +42,8 @@ def route(plan: Plan, version, c: Candidates) -> Candidates:
         c.state = (cfg, state)
         c.trace.update(router_score=float(pred[j]), stage1_width=cfg.m1, width=cfg.rescore_width,
                        shortlist=min(max(cfg.shortlist, plan.depth), N))
+    elif plan.policy == "recall" and getattr(version, "ann", None) is not None:
+        pass  # the ANN's effort was chosen in stage 1, before its search
     elif plan.policy == "recall":
         bound, z = version.recall_policy.choose(c.state.evidence, plan.recall_target)
         c.trace.update(bound=bound, confidence=z)

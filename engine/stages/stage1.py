@@ -7,14 +7,22 @@ By policy (:mod:`engine.plan`):
   prefix cosines (Eq. (1) of 001).
 - ``funnel``: the first coordinate block of every document and the policy's evidence
   (:func:`adawidth.stage1_policy.evidence`).
+- ``recall`` on a version with an ANN first stage (:class:`engine.stage1.AnnStage1`, issue 19): the ANN
+  candidates (``depth`` of them) at the effort (nprobe or efSearch) its tuning curve gives the recall target;
+  a target it cannot meet (1.0, or above what its tuning queries reached) or a filter that allows too few
+  documents is served by the exact path instead (:func:`ann_or_exact`; the trace's ``served_exact_because``).
 - ``exact``, ``recall``: the first level of the certified level scan (:func:`adawidth.levels.begin`) where
-  the version stores levels; else (versions built before levels) the exhaustive full-width scan.
+  the version stores levels; else (versions built before levels), and for ``exact`` on fewer than
+  ``version.level_scan_min_docs`` documents (:data:`engine.index.LEVEL_SCAN_MIN_DOCS`), the exhaustive
+  full-width scan.
 
 The allowed set (filter ∧ access policy ∧ quoted phrases, §20.2 of 003) is computed here once and applied
 before any top-k: stage 1 only ever sees allowed documents.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +49,31 @@ def allowed_mask(plan: Plan, version) -> np.ndarray | None:
     return mask
 
 
+@dataclass(frozen=True)
+class AnnState:
+    """Stage 1's continuation on an ANN version: the candidates' rows (c,) int64 for the exact rescoring."""
+
+    rows: np.ndarray
+
+
+def ann_or_exact(plan: Plan, version, allowed: np.ndarray | None) -> tuple[Plan, str | None]:
+    """The plan the dense stages run, and why it is the exact one when it is.
+
+    A ``recall`` plan on a version with an ANN first stage whose backend cannot meet the target (or cannot
+    serve the filter) runs as ``exact``; every other plan runs as it is.
+
+    Returns:
+        (plan to run, ``served_exact_because`` or None).
+    """
+    a = getattr(version, "ann", None)
+    if plan.policy != "recall" or a is None:
+        return plan, None
+    because = a.exact_because(float(plan.recall_target), allowed)
+    if because is None:
+        return plan, None
+    return replace(plan, policy="exact", width=version.dimension), because
+
+
 def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -> Candidates:
     """Run stage 1 of the plan's policy.
 
@@ -59,7 +92,24 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
     N = version.size
     n_allowed = N if allowed is None else int(allowed.sum())
     c = Candidates.empty()
-    if plan.policy == "exact" and getattr(version, "levels", None) is None:
+    if plan.policy in ("exact", "recall"):
+        levels_scan = getattr(version, "levels", None) is not None and not (
+            plan.policy == "exact" and N < version.level_scan_min_docs)
+        c.trace["stage1_backend"] = "levels" if levels_scan else "flat"
+    else:
+        c.trace["stage1_backend"] = getattr(getattr(version, "stage1", None), "kind", None)
+    if plan.policy == "recall" and getattr(version, "ann", None) is not None:
+        a = version.ann
+        effort = a.effort(float(plan.recall_target))
+        hits = a.search(query, min(plan.depth, n_allowed), effort, allowed) if n_allowed else None
+        rows = hits.rows if hits is not None else np.empty(0, np.int64)
+        c.state = AnnState(rows)
+        c.width = version.dimension
+        c.work["stage1"] = int(hits.work) if hits is not None else 0
+        c.trace.update(policy="recall", stage1_backend=a.kind, effort=int(effort), effort_name=a.effort_name,
+                       stage1_width=version.dimension, shortlist=int(len(rows)), bound=None, confidence=None)
+        return c
+    if plan.policy == "exact" and (getattr(version, "levels", None) is None or N < version.level_scan_min_docs):
         rows, top = version.stage1.full(query, plan.depth, allowed)
         c = c.ranked(rows, top, version.dimension)
         c.work["stage1"] = N * version.dimension

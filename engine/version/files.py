@@ -24,7 +24,8 @@ from adawidth import stage1_policy
 from adawidth.levels import LevelStore
 from adawidth.prefix import prefix_normalize
 from adawidth.tiers import TIERS
-from engine.version.manifest import (CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, LevelsSection,
+from engine import ann
+from engine.version.manifest import (AnnSection, CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, LevelsSection,
                                      Manifest, RecallPolicySection,
                                      RerankSection, Stage1Section, TierHeadSection)
 
@@ -379,3 +380,46 @@ def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
     if cal.ndim != 3 or cal.shape[0] != 2 or cal.shape[2] != len(sec.z_grid):
         raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not (2, Q, {len(sec.z_grid)})")
     return RecallPolicyFile(booster, sec, cal[0], cal[1])
+
+
+# -- the ANN first stage (schema 4) --------------------------------------------------------------------------------
+
+ANN_FILE = "ann.faiss"
+
+
+def ann_files(index, params: ann.AnnParams, curve: list[dict], **section) -> tuple[Files, AnnSection]:
+    """Writer of an ANN index (``ann.faiss``, faiss's own format) and its section.
+
+    Args:
+        index: the faiss index (:func:`engine.ann.build_index`).
+        params: its parameters.
+        curve: its tuning curve (:func:`engine.ann.tune_effort`).
+        section: the other :class:`AnnSection` fields (targets, margin_share, tuning_source, tuning_queries,
+            bytes_per_document, reports).
+    """
+    size = int(faiss.serialize_index(index).nbytes)
+    sec = AnnSection(kind=params.kind, faiss_class=ann.FAISS_CLASS[params.kind],
+                     metric="L2 on unit vectors (ranks as inner product)" if params.kind == "hnsw_panorama"
+                     else "inner product", file=ANN_FILE, params=params.as_dict(),
+                     effort_name=ann.EFFORT_NAME[params.kind], curve=curve, size_bytes=size, **section)
+    return {ANN_FILE: lambda p: faiss.write_index(index, str(p))}, sec
+
+
+def read_ann(path: Path, m: Manifest):
+    """The version's ANN index and its parameters, ``(faiss.Index, engine.ann.AnnParams)``, or None without one.
+
+    Raises:
+        IndexVersionError: ``schema`` for an unknown kind, or an index whose width or size disagrees with the
+            manifest.
+    """
+    sec = m.ann
+    if sec is None:
+        return None
+    if sec.kind not in ann.ANN_KINDS:
+        raise IndexVersionError("schema", f"ann kind {sec.kind!r} is not one this build serves ({ann.ANN_KINDS})")
+    index = faiss.read_index(str(path / sec.file))
+    if index.d != m.dimension or index.ntotal != m.corpus.documents:
+        raise IndexVersionError("schema", f"{sec.file} holds {index.ntotal} vectors of width {index.d}, the manifest "
+                                          f"{m.corpus.documents} of width {m.dimension}")
+    fields = {k: int(sec.params.get(k, 0) or 0) for k in ("nlist", "M", "ef_construction", "n_levels")}
+    return index, ann.AnnParams(sec.kind, **fields)

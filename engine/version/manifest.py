@@ -21,6 +21,7 @@ section                   files                                  writer / reader
                           recall_calibration.npy
 ``lexical``               bm25_*.npy / .json, doc_text.json,     :mod:`engine.version.lexical`
                           doc_fields.json
+``ann``                   ann.faiss                              ``ann_files`` / ``read_ann``
 ``capacity``              capacity.json / .md / _*.png           ``trainer.capacity_report.file_writers``
                                                                  (reports; nothing reads them to serve)
 ========================  =====================================  =============================================
@@ -38,7 +39,10 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
 * 3 -- adds ``levels`` (the level-major corpus of the certified level scan) and ``recall_policy`` (policy
   ``recall``, a declared recall@k); the default policy of a version that has both is ``recall``.  Versions of
   schema 1 and 2 have neither and serve their old policies (``width: "full"`` by the exhaustive scan).
-* 4 -- (on main) adds ``ann``, the ANN first stage of issue 19.
+* 4 -- adds ``ann`` (an ANN first stage over the full-width rotated documents, issue 19: its faiss index,
+  parameters, effort tuning curve and memory per document) and ``backend`` (which stage-1 backend the build
+  chose, why, and every candidate's bytes per document).  Versions of schema 1 to 3 have neither and serve as
+  before (``backend``: flat).
 * 5 -- adds ``writes`` (issue 18): the last write-ahead-log sequence number folded into the version, the version
   it was folded onto, and whether the rotation, routers and recall policy were reused or refitted (the drift
   check).  Versions of schemas 1-4 (and any built from a corpus alone) folded nothing: folded sequence 0.
@@ -252,6 +256,39 @@ class WritesSection(_Section):
     drift: dict | None = None
 
 
+class AnnSection(_Section):
+    """An ANN first stage over the full-width rotated documents (:mod:`engine.ann`), served by policy ``recall``."""
+
+    kind: str = Field(description="ivf, hnsw, ivf_panorama or hnsw_panorama (engine.ann.ANN_KINDS).")
+    faiss_class: str = Field(description="The faiss index class (IndexIVFFlat, IndexHNSWFlat, ...).")
+    metric: str = Field(description="inner product, or L2 (hnsw_panorama; the same ranking on unit vectors).")
+    file: str = "ann.faiss"
+    params: dict = Field(description="Build parameters: nlist, M, ef_construction, n_levels (engine.ann.AnnParams).")
+    effort_name: str = Field(description="nprobe (IVF) or efSearch (HNSW): what the per-query effort sets.")
+    curve: list[dict] = Field(description="Tuning curve: [{effort, recall, recall_p10, work}] increasing in effort; "
+                                          "recall@10 vs exhaustive after the exact rescoring.")
+    targets: dict[str, int | None] = Field(default_factory=dict, description="Served effort of each tuned target "
+                                                                            "(None: served exactly).")
+    margin_share: float = 0.25
+    tuning_source: str = Field("train", description="'train' or 'pseudo:<kind>' (corpus pseudo-queries).")
+    tuning_queries: int = 0
+    bytes_per_document: dict[str, float] = Field(default_factory=dict)
+    size_bytes: int = Field(0, ge=0, description="Bytes of the index file.")
+
+
+class BackendSection(_Section):
+    """Which stage-1 backend the build chose (flat, or an ANN kind) and why, with the bytes per document of each
+    candidate backend (engine.ann.bytes_per_document)."""
+
+    chosen: str = "flat"
+    reason: str | None = None
+    requested: str | None = None
+    ann_min_docs: int | None = None
+    memory_budget_bytes: int | None = None
+    needed_bytes: int | None = None
+    bytes_per_document: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
 class PolicySection(_Section):
     """The policy ``width: "auto"`` uses on this version by default (``router``, ``funnel``, ``recall``, ...;
     None: the funnel policy when the version has one, else the width router)."""
@@ -286,6 +323,8 @@ class Manifest(BaseModel):
     policy: PolicySection | None = None
     levels: LevelsSection | None = None
     recall_policy: RecallPolicySection | None = None
+    ann: AnnSection | None = None
+    backend: BackendSection | None = None
     writes: WritesSection | None = None
     evaluation: dict | None = None
     capacity: dict | None = None
@@ -319,6 +358,8 @@ class Manifest(BaseModel):
         if self.recall_policy is not None:
             yield "recall_policy", self.recall_policy.file
             yield "recall_policy", self.recall_policy.calibration_file
+        if self.ann is not None:
+            yield "ann", self.ann.file
 
     def to_json(self) -> str:
         """The manifest as written: JSON, keys sorted, indented by 2."""

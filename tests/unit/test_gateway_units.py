@@ -138,3 +138,29 @@ def test_limiter_deadline_and_errors():
         limiter.close()
 
     asyncio.run(scenario())
+
+
+def test_served_collections_setting(monkeypatch):
+    assert GatewaySettings().collections == ("scifact",)  # default: just the default collection
+    assert GatewaySettings(collection="nfcorpus").collections == ("nfcorpus",)
+    monkeypatch.setenv("ADAWIDTH_COLLECTIONS", " scifact , nfcorpus ")  # comma-separated in the environment
+    assert GatewaySettings().collections == ("scifact", "nfcorpus")
+    monkeypatch.setenv("ADAWIDTH_COLLECTIONS", "")
+    assert GatewaySettings().collections == ("scifact",)
+    monkeypatch.delenv("ADAWIDTH_COLLECTIONS")
+    for collections, message in (("nfcorpus,fiqa", "default collection 'scifact' is not among"),
+                                 ("scifact,scifact", "scifact more than once"),
+                                 ("scifact,,fiqa", "invalid collection name ''"),
+                                 ("scifact,../etc", "invalid collection name '../etc'")):
+        with pytest.raises(ValidationError) as info:
+            GatewaySettings(collections=collections)
+        assert message in str(info.value)
+    with pytest.raises(ValidationError, match="invalid collection name"):
+        GatewaySettings(collection="a b")
+
+
+def test_gateway_refuses_to_start_with_an_invalid_collections_setting():
+    env = {"ADAWIDTH_COLLECTIONS": "nfcorpus", "ADAWIDTH_COLLECTION": "scifact", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "default collection 'scifact' is not among collections nfcorpus" in r.stderr

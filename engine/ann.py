@@ -1,0 +1,433 @@
+"""ANN first stages over the full-width rotated documents (issue 19): building, effort tuning, memory, selection.
+
+Four kinds of faiss index over the (N, D) float32 rotated documents ``R d`` (unit norm at D, so the inner
+product is the frozen encoder's cosine and the ranking by L2 distance is the same ranking):
+
+==================  =========================================  ============================================
+kind                faiss class                                effort (per query)
+==================  =========================================  ============================================
+``ivf``             ``IndexIVFFlat`` (inner product)           ``nprobe``: inverted lists scanned
+``ivf_panorama``    ``IndexIVFFlatPanorama`` (inner product)   ``nprobe``; level pruning inside each list
+``hnsw``            ``IndexHNSWFlat`` (inner product)          ``efSearch``: the search beam
+``hnsw_panorama``   ``IndexHNSWFlatPanorama`` (L2: faiss        ``efSearch``; level pruning of each distance
+                    1.15 builds it for L2 only; equal ranking
+                    on unit vectors)
+==================  =========================================  ============================================
+
+Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
+adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
+
+Defaults: ``nlist = round(4 sqrt(N))`` (at least 1, at most N / 39 so k-means has 39 points a centroid),
+``M = 32``, ``efConstruction = 80``, Panorama levels 8 (IVF Panorama lists padded to batches of 128).  The served candidates are rescored exactly at full
+width (:mod:`engine.stages.rescore`), so the ANN index only decides *which* documents are candidates.
+
+Effort tuning (:func:`tune_effort`): the realised recall@10 against exhaustive search of each effort of a grid
+on tuning queries (training queries, or corpus pseudo-queries), after the exact rescoring; the served effort
+of a target is the cheapest effort whose tuning recall reaches ``target + margin_share * (1 - target)``
+(:func:`effort_for`).  A target no effort of the grid reaches is served by the exact path.
+
+Memory (:func:`bytes_per_document`): what each backend holds per document, by part (vectors, graph, ids,
+Panorama's cumulative norms, the level store and its float16 copy), and :func:`select_backend` picks flat
+(certified level scan) below ``ann_min_docs`` and the fastest ANN that fits ``memory_budget_bytes`` above,
+raising :class:`MemoryBudgetError` with the bytes needed otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+
+from adawidth.prefix import top_k
+
+ANN_KINDS = ("ivf", "hnsw", "ivf_panorama", "hnsw_panorama")
+"""ANN backends a version may hold."""
+BACKEND_CHOICES = ("none", "auto", *ANN_KINDS)
+"""Values of the trainer's ``--ann``: ``none`` (flat only), ``auto`` (:func:`select_backend`) or one kind."""
+EFFORT_NAME = {"ivf": "nprobe", "ivf_panorama": "nprobe", "hnsw": "efSearch", "hnsw_panorama": "efSearch"}
+FAISS_CLASS = {"ivf": "IndexIVFFlat", "ivf_panorama": "IndexIVFFlatPanorama", "hnsw": "IndexHNSWFlat",
+               "hnsw_panorama": "IndexHNSWFlatPanorama"}
+HNSW_EF_GRID = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+"""efSearch values tuned over (increasing)."""
+DEFAULT_TARGETS = (0.95, 0.99)
+PANORAMA_LEVELS = 8
+PANORAMA_BATCH = 128
+
+
+class MemoryBudgetError(ValueError):
+    """The backend a build would use does not fit the memory budget; ``needed_bytes`` says how much it needs."""
+
+    def __init__(self, message: str, needed_bytes: int, budget_bytes: int):
+        self.needed_bytes, self.budget_bytes = int(needed_bytes), int(budget_bytes)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class AnnParams:
+    """Build parameters of one ANN index.
+
+    Attributes:
+        kind: one of :data:`ANN_KINDS`.
+        nlist: IVF inverted lists (IVF kinds; 0 otherwise).
+        M: HNSW neighbours per node above level 0 (2M at level 0; HNSW kinds; 0 otherwise).
+        ef_construction: HNSW build beam (HNSW kinds).
+        n_levels: Panorama levels (Panorama kinds; 0 otherwise).
+    """
+
+    kind: str
+    nlist: int = 0
+    M: int = 0
+    ef_construction: int = 0
+    n_levels: int = 0
+
+    def as_dict(self) -> dict:
+        """The parameters as written in the manifest (kind first)."""
+        return {"kind": self.kind, "nlist": self.nlist, "M": self.M, "ef_construction": self.ef_construction,
+                "n_levels": self.n_levels}
+
+
+def default_nlist(n: int) -> int:
+    """``round(4 sqrt(n))`` inverted lists, clipped to [1, max(1, n // 39)] (k-means wants >= 39 points a list)."""
+    return int(max(1, min(round(4.0 * math.sqrt(max(n, 1))), max(1, n // 39))))
+
+
+def default_params(kind: str, n: int, *, M: int = 32, ef_construction: int = 80, nlist: int | None = None,
+                   n_levels: int = PANORAMA_LEVELS) -> AnnParams:
+    """The parameters of ``kind`` for ``n`` documents (module docstring).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind not in ANN_KINDS:
+        raise ValueError(f"ANN kind must be one of {ANN_KINDS}, got {kind!r}")
+    pan = n_levels if kind.endswith("panorama") else 0
+    if kind.startswith("ivf"):
+        return AnnParams(kind, nlist=int(nlist or default_nlist(n)), n_levels=pan)
+    return AnnParams(kind, M=int(M), ef_construction=int(ef_construction), n_levels=pan)
+
+
+def effort_grid(params: AnnParams) -> tuple[int, ...]:
+    """The efforts tuned over, increasing: nprobe 1, 2, 3, 4, 6, 8, ... up to nlist (IVF), :data:`HNSW_EF_GRID`
+    (HNSW)."""
+    if params.kind.startswith("hnsw"):
+        return HNSW_EF_GRID
+    out, p = [], 1
+    while p < params.nlist:
+        out.append(p)
+        p = p + 1 if p < 4 else int(math.ceil(p * 1.5))
+    out.append(params.nlist)
+    return tuple(sorted(set(out)))
+
+
+# -- memory --------------------------------------------------------------------------------------------------
+
+def hnsw_graph_bytes_per_document(M: int) -> float:
+    """Expected bytes of faiss's HNSW graph per document: 2M int32 links at level 0, M per upper level (expected
+    1 / (M - 1) upper levels a node, level multiplier 1 / ln M), an int32 level and an int64 offset."""
+    upper = 1.0 / max(M - 1, 1)
+    return 4.0 * (2 * M + M * upper) + 4 + 8
+
+
+def bytes_per_document(backend: str, n: int, d: int, params: AnnParams | None = None, *,
+                       level_bytes_per_document: float = 0.0, fp16_width: int = 0) -> dict:
+    """Bytes per document of one stage-1 backend, by part, and ``total``.
+
+    Args:
+        backend: ``flat`` (the certified level scan over the level store, and the mapped documents) or a kind
+            of :data:`ANN_KINDS`.
+        n, d: documents N and width D.
+        params: the ANN's parameters (ANN kinds).
+        level_bytes_per_document: the level store's bytes / N (``flat``; its float32 levels, norms and the
+            float16 copy), 0 when the version has no levels.
+        fp16_width: coordinates of the level store held in float16 as well (the ``float16`` part: 2 bytes each).
+
+    Returns:
+        ``{"vectors", "graph", "ids", "panorama", "levels", "float16", "documents", "total"}`` in bytes per
+        document (floats): ``documents`` is the version's ``docs.npy`` (4 D, memory-mapped; the exact rescoring
+        and exact path read it), ``vectors`` the ANN's own float32 copy, ``levels`` the level store without its
+        float16 part, ``float16`` that part.
+    """
+    out = {"vectors": 0.0, "graph": 0.0, "ids": 0.0, "panorama": 0.0, "levels": 0.0, "float16": 0.0,
+           "documents": 4.0 * d}
+    if backend == "flat":
+        out["float16"] = 2.0 * fp16_width if level_bytes_per_document else 0.0
+        out["levels"] = max(level_bytes_per_document - out["float16"], 0.0)
+    elif backend in ANN_KINDS:
+        if params is None:
+            raise ValueError(f"{backend} needs its AnnParams")
+        out["vectors"] = 4.0 * d
+        if backend.startswith("ivf"):
+            out["ids"] = 8.0
+            out["graph"] = 4.0 * d * params.nlist / max(n, 1)  # the centroids, shared
+        else:
+            out["graph"] = hnsw_graph_bytes_per_document(params.M)
+        if backend.endswith("panorama"):
+            out["panorama"] = 4.0 * (params.n_levels + 1)
+        if backend == "ivf_panorama":  # each list padded to whole batches of PANORAMA_BATCH
+            avg = max(n / max(params.nlist, 1), 1.0)
+            pad = math.ceil(avg / PANORAMA_BATCH) * PANORAMA_BATCH / avg
+            out["vectors"] *= pad
+            out["panorama"] *= pad
+    else:
+        raise ValueError(f"backend must be 'flat' or one of {ANN_KINDS}, got {backend!r}")
+    out["total"] = float(sum(v for v in out.values()))
+    return {k: round(float(v), 2) for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What :func:`select_backend` chose: ``backend`` (``flat`` or a kind), why, and the bytes it needs."""
+
+    backend: str
+    reason: str
+    needed_bytes: int
+    bytes_per_document: dict = field(default_factory=dict)
+
+
+def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_000,
+                   memory_budget_bytes: int | None = None, level_bytes_per_document: float = 0.0,
+                   fp16_width: int = 0, params: dict | None = None) -> BackendChoice:
+    """Pick the stage-1 backend of a build.
+
+    ``none``: flat.  A kind: that kind.  ``auto``: flat below ``ann_min_docs`` documents; else ``hnsw`` when it
+    fits the budget (the fastest at equal recall), else ``ivf`` (smaller: no graph).  Every choice must fit
+    ``memory_budget_bytes`` (None: no budget) with the documents ``docs.npy`` and, for flat, the level store.
+
+    Args:
+        requested: one of :data:`BACKEND_CHOICES`.
+        n, d: documents N and width D.
+        ann_min_docs: smallest N at which ``auto`` builds an ANN.
+        memory_budget_bytes: bytes the served version may hold, or None.
+        level_bytes_per_document, fp16_width: the level store's size (flat; see :func:`bytes_per_document`).
+        params: overrides of :func:`default_params` (``M``, ``ef_construction``, ``nlist``).
+
+    Returns:
+        The :class:`BackendChoice`.
+
+    Raises:
+        MemoryBudgetError: the backend (``auto``: every candidate) does not fit; the message names the bytes.
+        ValueError: an unknown ``requested``.
+    """
+    if requested not in BACKEND_CHOICES:
+        raise ValueError(f"--ann must be one of {', '.join(BACKEND_CHOICES)}, got {requested!r}")
+    params = params or {}
+
+    def cost(backend):
+        p = None if backend == "flat" else default_params(backend, n, **params)
+        per = bytes_per_document(backend, n, d, p, level_bytes_per_document=level_bytes_per_document,
+                                 fp16_width=fp16_width)
+        return int(math.ceil(per["total"] * n)), per
+
+    def fits(need):
+        return memory_budget_bytes is None or need <= memory_budget_bytes
+
+    if requested == "auto":
+        if n < ann_min_docs:
+            candidates, why = ["flat"], f"N = {n:,} < ann_min_docs = {ann_min_docs:,}"
+        else:
+            candidates, why = ["hnsw", "ivf"], f"N = {n:,} >= ann_min_docs = {ann_min_docs:,}"
+    else:
+        candidates, why = ["flat" if requested == "none" else requested], f"--ann {requested}"
+    tried = []
+    for backend in candidates:
+        need, per = cost(backend)
+        tried.append((backend, need))
+        if fits(need):
+            budget = "no memory budget" if memory_budget_bytes is None else f"fits {memory_budget_bytes:,} bytes"
+            return BackendChoice(backend, f"{why}; {backend} needs {need:,} bytes ({budget})", need, per)
+    least = min(tried, key=lambda t: t[1])
+    raise MemoryBudgetError(
+        f"the stage-1 backend does not fit the memory budget of {memory_budget_bytes:,} bytes: "
+        + ", ".join(f"{b} needs {need:,} bytes" for b, need in tried)
+        + f" for {n:,} documents of width {d} ({why}); raise memory_budget_bytes (ADAWIDTH_MEMORY_BUDGET_BYTES) "
+          f"to at least {least[1]:,} or choose another --ann", least[1], memory_budget_bytes)
+
+
+# -- building and searching ----------------------------------------------------------------------------------
+
+def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss.Index:
+    """Build the faiss index of ``params`` over the rotated documents.
+
+    Args:
+        X_rot: (N, D) float32 rotated documents, unit norm.
+        params: :class:`AnnParams`.
+        seed: k-means seed (IVF kinds).
+
+    Returns:
+        The trained index holding the N documents (ids 0 .. N-1).
+
+    Raises:
+        ValueError: an empty corpus or an unknown kind.
+    """
+    X = np.ascontiguousarray(X_rot, dtype=np.float32)
+    n, d = X.shape
+    if n == 0:
+        raise ValueError("an ANN index needs at least one document")
+    k = params.kind
+    if k.startswith("ivf"):
+        quantizer = faiss.IndexFlatIP(d)
+        if k == "ivf":
+            index = faiss.IndexIVFFlat(quantizer, d, params.nlist, faiss.METRIC_INNER_PRODUCT)
+        else:
+            # lists are padded to whole batches: faiss's default batch of 1024 would pad 250-document lists 4x
+            index = faiss.IndexIVFFlatPanorama(quantizer, d, params.nlist, params.n_levels, faiss.METRIC_INNER_PRODUCT,
+                                               True, PANORAMA_BATCH)
+        index.cp.seed = int(seed)
+        index.train(X)
+        index.add(X)
+        return index  # faiss's Python wrapper keeps the quantizer referenced by the index
+    if k == "hnsw":
+        index = faiss.IndexHNSWFlat(d, params.M, faiss.METRIC_INNER_PRODUCT)
+    elif k == "hnsw_panorama":
+        index = faiss.IndexHNSWFlatPanorama(d, params.M, params.n_levels)
+    else:
+        raise ValueError(f"ANN kind must be one of {ANN_KINDS}, got {k!r}")
+    index.hnsw.efConstruction = int(params.ef_construction)
+    index.add(X)
+    return index
+
+
+@dataclass(frozen=True)
+class AnnHits:
+    """One query's ANN candidates: ``rows`` (c,) int64 best first (no -1), ``work`` multiply-adds it cost
+    (documents whose distance was computed × D, and the IVF centroids; HNSW counts from faiss's global
+    statistics, so approximate under concurrent searches)."""
+
+    rows: np.ndarray
+    work: int
+
+
+def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
+           allowed: np.ndarray | None = None) -> AnnHits:
+    """The ANN top ``k`` candidates of one rotated query at one effort.
+
+    Args:
+        index: built by :func:`build_index` (or read from a version).
+        kind: its kind.
+        query: (D,) float32 rotated query, unit norm.
+        k: candidates wanted (HNSW's beam is raised to at least k).
+        effort: nprobe (IVF) or efSearch (HNSW).
+        allowed: (N,) bool restriction (a faiss ID selector), or None.
+
+    Returns:
+        :class:`AnnHits`.
+    """
+    q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
+    d = q.shape[1]
+    sel = None
+    if allowed is not None:
+        bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
+        sel = faiss.IDSelectorBitmap(int(len(allowed)), faiss.swig_ptr(bits))
+    if kind.startswith("ivf"):
+        nprobe = int(min(max(effort, 1), index.nlist))
+        cd, ca = index.quantizer.search(q, nprobe)
+        scanned = sum(index.invlists.list_size(int(c)) for c in ca[0] if c >= 0)
+        p = faiss.SearchParametersIVF()  # per call: the index's own nprobe is shared by concurrent searches
+        p.nprobe = nprobe
+        if sel is not None:
+            p.sel = sel
+        D = np.empty((1, int(k)), np.float32)
+        I = np.empty((1, int(k)), np.int64)
+        ca = np.ascontiguousarray(ca, np.int64)
+        cd = np.ascontiguousarray(cd, np.float32)
+        # the C++ search over the lists the quantizer chose (the Python wrapper refuses parameters)
+        index.search_preassigned_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(ca), faiss.swig_ptr(cd),
+                                   faiss.swig_ptr(D), faiss.swig_ptr(I), False, p)
+        work = (index.nlist + scanned) * d
+    else:
+        p = faiss.SearchParametersHNSW()
+        p.efSearch = int(max(effort, k))
+        if sel is not None:
+            p.sel = sel
+        stats = faiss.cvar.hnsw_stats
+        before = int(stats.ndis)
+        _, I = index.search(q, int(k), params=p)
+        work = max(int(stats.ndis) - before, 0) * d
+    rows = I[0]
+    return AnnHits(rows[rows >= 0].astype(np.int64), int(work))
+
+
+def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rescore candidates exactly at full width: rows (c,) int64 -> (top rows (k',) int64, scores (k',) float64),
+    best first, ties by the lower row; ``docs`` (N, D) float32, ``query`` (D,) float32."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return rows, np.empty(0, np.float64)
+    order = np.argsort(rows, kind="stable")  # ties of top_k go to the lower position: make it the lower row
+    rows = rows[order]
+    scores = np.asarray(docs[rows] @ np.asarray(query, np.float32), dtype=np.float64)
+    pos = top_k(scores, min(int(k), len(rows)))
+    return rows[pos], scores[pos]
+
+
+# -- effort tuning -------------------------------------------------------------------------------------------
+
+def exhaustive_top_k(X_rot: np.ndarray, Q_rot: np.ndarray, k: int = 10, chunk: int = 256) -> np.ndarray:
+    """(Q, k) int64 exhaustive top-k rows by inner product (ties by the lower row); X (N, D), Q (Q, D) float32."""
+    out = np.empty((len(Q_rot), min(k, len(X_rot))), np.int64)
+    for s in range(0, len(Q_rot), chunk):
+        S = np.asarray(Q_rot[s:s + chunk], np.float32) @ np.asarray(X_rot, np.float32).T
+        for i, row in enumerate(S):
+            out[s + i] = top_k(row, out.shape[1])
+    return out
+
+
+def recall_at(rows: list, truth: np.ndarray) -> np.ndarray:
+    """(Q,) float64 recall of each query's rows against its exhaustive top-k (``truth`` (Q, k))."""
+    return np.array([len(set(np.asarray(r).tolist()) & set(t.tolist())) / max(len(t), 1)
+                     for r, t in zip(rows, truth)], dtype=np.float64)
+
+
+def tune_effort(index: faiss.Index, params: AnnParams, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
+                depth: int | None = None, truth: np.ndarray | None = None,
+                stop_at: float = 0.999) -> list[dict]:
+    """The realised recall@k of every effort of :func:`effort_grid` on tuning queries (exact rescoring of the
+    ``depth`` ANN candidates, as served).
+
+    Args:
+        index, params: the ANN index and its parameters.
+        X_rot: (N, D) float32 rotated documents.
+        Q_rot: (Q, D) float32 rotated tuning queries.
+        k: recall@k.
+        depth: ANN candidates rescored (default k).
+        truth: (Q, k) exhaustive top-k (default computed).
+        stop_at: stop once an effort's mean recall reaches this (larger efforts only cost more).
+
+    Returns:
+        ``[{"effort": int, "recall": float, "recall_p10": float, "work": float}, ...]`` increasing in effort:
+        mean recall@k, its 10th percentile and mean multiply-adds per query.
+    """
+    depth = int(depth or k)
+    truth = exhaustive_top_k(X_rot, Q_rot, k) if truth is None else truth
+    curve = []
+    for effort in effort_grid(params):
+        rows, work = [], []
+        for q in Q_rot:
+            hits = search(index, params.kind, q, depth, effort)
+            rows.append(exact_rerank(X_rot, q, hits.rows, k)[0])
+            work.append(hits.work)
+        rec = recall_at(rows, truth)
+        curve.append({"effort": int(effort), "recall": round(float(rec.mean()), 5),
+                      "recall_p10": round(float(np.percentile(rec, 10)), 4), "work": float(np.mean(work))})
+        if rec.mean() >= stop_at:
+            break
+    return curve
+
+
+def goal(target: float, margin_share: float) -> float:
+    """The tuning recall a target is served at: ``target + margin_share * (1 - target)``, at most 1."""
+    return min(float(target) + float(margin_share) * (1.0 - float(target)), 1.0)
+
+
+def effort_for(curve: list[dict], target: float, margin_share: float = 0.0) -> int | None:
+    """The cheapest effort of a tuning curve (:func:`tune_effort`) whose recall reaches :func:`goal`; None when
+    none does (or ``target >= 1``: an ANN index certifies nothing)."""
+    if target >= 1.0:
+        return None
+    g = goal(target, margin_share)
+    for point in curve:
+        if point["recall"] >= g - 1e-12:
+            return int(point["effort"])
+    return None

@@ -1,0 +1,147 @@
+"""An ANN first stage built into a SciFact version (issue 19): build + load round trip, served recall of policy
+``recall`` against exhaustive search, a target the backend cannot meet served exactly, and a version without
+the ANN section (schema 3) still loading.
+
+The version is built by the real trainer (PCA rotation, ``ann="hnsw"`` forced although SciFact's 5,183
+documents are below ``ann_min_docs``) from the embedding cache; the effort curve is tuned on SciFact's 809
+training queries and the recall is measured on its 300 test queries.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from engine import ann
+from engine.index import IndexVersion
+from engine.io.beir import load_collection
+from engine.pipeline import Pipeline
+from engine.plan import SearchSpec
+from engine.version.manifest import SCHEMA_VERSION, read_manifest
+from service.models import Trace
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from engine.version import store
+from service.app import create_app
+from service.config import GatewaySettings
+from tests.conftest import SCIFACT, VAR, build_home
+from trainer.embed_cache import EmbeddingCache, encode_with_cache
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ann_home(tmp_path_factory, encoder_dir, encoder):
+    """A home whose live SciFact version has an HNSW first stage (PCA rotation, one router)."""
+    return build_home(tmp_path_factory.mktemp("ann-home"), encoder_dir, encoder, rotation="pca", ann="hnsw",
+                      capacity=False, action_pairs=((64, 128),), default_pair=(64, 128))
+
+
+@pytest.fixture(scope="module")
+def ann_build(ann_home):
+    coll = ann_home / "indexes" / "scifact"
+    path = coll / store.read_live_pointer(coll)
+    return path, read_manifest(path)
+
+
+@pytest.fixture(scope="module")
+def test_queries(encoder):
+    col = load_collection(SCIFACT, "test")
+    qids = sorted(q for q in col.qrels if q in col.queries)
+    cache = EmbeddingCache(VAR / "cache" / "embeddings.sqlite", encoder.dimension)
+    try:
+        Q, _ = encode_with_cache(encoder, [col.queries[q] for q in qids], cache, desc="scifact test queries")
+    finally:
+        cache.close()
+    return np.asarray(Q, np.float32)
+
+
+def test_build_and_load_round_trip(ann_build):
+    path, m = ann_build
+    assert m.schema_version == SCHEMA_VERSION == 4
+    assert m.ann is not None and m.ann.kind == "hnsw" and m.ann.faiss_class == "IndexHNSWFlat"
+    assert m.ann.file in m.files and m.files[m.ann.file].size_bytes == (path / m.ann.file).stat().st_size
+    assert m.ann.params["M"] == 32 and m.ann.params["ef_construction"] == 80 and m.ann.effort_name == "efSearch"
+    assert m.ann.tuning_source == "train" and m.ann.tuning_queries == 809
+    efforts = [p["effort"] for p in m.ann.curve]
+    assert efforts == sorted(efforts) and m.ann.targets["0.95"] is not None
+    assert m.ann.targets["0.95"] <= (m.ann.targets["0.99"] or 10**9)
+    assert m.backend.chosen == "hnsw" and m.backend.requested == "hnsw"
+    assert set(m.backend.bytes_per_document) == {"flat", *ann.ANN_KINDS}
+    assert m.ann.bytes_per_document["vectors"] == 4 * 384 and m.ann.bytes_per_document["graph"] > 0
+    assert m.levels is None and m.recall_policy is None  # an ANN version holds no level store
+    assert m.policy.default == "recall"
+    v = IndexVersion.load(path)
+    assert v.ann is not None and v.ann.kind == "hnsw" and v.ann.index.ntotal == v.size == 5183
+    rep = v.backend_report()
+    assert rep["backend"] == "hnsw" and rep["bytes_per_document"]["total"] > 4 * 384
+
+
+def _served(version, Q, **fields):
+    return Pipeline().search(version, [SearchSpec(query="q", k=10, width="auto", policy="recall", **fields)] * len(Q),
+                             embeddings=Q)
+
+
+def test_served_recall_meets_095_on_scifact_test_queries(ann_build, test_queries):
+    v = IndexVersion.load(ann_build[0])
+    Q_rot = np.ascontiguousarray(test_queries @ v.rotation.T, np.float32)
+    truth = ann.exhaustive_top_k(np.asarray(v.docs), Q_rot, 10)
+    results = _served(v, test_queries, recall_target=0.95)
+    recall = ann.recall_at([r.rows for r in results], truth)
+    assert all(r.trace["stage1_backend"] == "hnsw" and r.trace["served_exact_because"] is None for r in results)
+    assert {r.trace["effort"] for r in results} == {v.ann.effort(0.95)}
+    assert recall.mean() >= 0.95 - 0.01, recall.mean()
+    share = np.mean([r.trace["coordinates_scored"] for r in results]) / (v.size * v.dimension)
+    assert share < 0.5  # the graph visits a fraction of the corpus
+    Trace(**results[0].trace)  # the gateway's response model takes the new fields
+
+
+def test_recall_target_one_is_served_exactly_and_says_so(ann_build, test_queries):
+    v = IndexVersion.load(ann_build[0])
+    Q = test_queries[:20]
+    Q_rot = np.ascontiguousarray(Q @ v.rotation.T, np.float32)
+    truth = ann.exhaustive_top_k(np.asarray(v.docs), Q_rot, 10)
+    for r, t in zip(_served(v, Q, recall_target=1.0), truth):
+        assert r.trace["policy"] == "exact" and r.trace["recall_target"] == 1.0
+        assert "certifies nothing" in r.trace["served_exact_because"]
+        assert r.trace["stage1_backend"] == "flat" and r.trace["effort"] is None
+        assert set(r.rows.tolist()) == set(t.tolist())
+
+
+def test_a_version_without_the_ann_section_still_loads(ann_build, tmp_path):
+    path = ann_build[0]
+    old = tmp_path / path.name
+    shutil.copytree(path, old)
+    raw = json.loads((old / "manifest.json").read_text())
+    (old / raw["ann"]["file"]).unlink()
+    del raw["files"][raw["ann"]["file"]]
+    raw.pop("ann"), raw.pop("backend")
+    raw["schema_version"] = 3
+    raw["policy"]["default"] = "router"
+    (old / "manifest.json").write_text(json.dumps(raw))
+    m = read_manifest(old)
+    assert m.schema_version == 3 and m.ann is None and m.backend is None
+    v = IndexVersion.load(old)
+    assert v.ann is None and v.stage1_backend == "flat" and v.backend_report()["backend"] == "flat"
+    r = Pipeline().search(v, [SearchSpec(query="q", k=10, width="full")], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
+    assert r.rows[0] == 0 and r.trace["stage1_backend"] == "flat"
+
+
+def test_the_gateway_reports_the_backend_and_serves_an_unmeetable_target_exactly(ann_home):
+    app = create_app(GatewaySettings(home=ann_home, collection="scifact", redis_url=None), CollectorRegistry())
+    with TestClient(app) as client:
+        ready = client.get("/readyz").json()
+        assert ready["stage1"]["backend"] == "hnsw" and ready["stage1"]["effort_name"] == "efSearch"
+        assert ready["stage1"]["bytes_per_document"]["vectors"] == 4 * 384
+        r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 1.0})
+        assert r.status_code == 200, r.text
+        t = r.json()["trace"]
+        assert t["policy"] == "exact" and "certifies nothing" in t["served_exact_because"]
+        r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 0.95})
+        t = r.json()["trace"]
+        assert r.status_code == 200 and t["policy"] == "recall" and t["stage1_backend"] == "hnsw"
+        assert t["effort"] == app.state.gw.live.ann.effort(0.95) and t["served_exact_because"] is None

@@ -1,0 +1,143 @@
+"""The ANN first stage (issue 19, :mod:`engine.ann`): backend selection by size and memory budget, memory per
+document, effort tuning and choice, and policy ``recall`` through an ANN version (exact rescoring, targets the
+backend cannot meet served exactly, restrictive filters)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ann
+from engine.index import IndexVersion
+from engine.pipeline import Pipeline, capabilities
+from engine.plan import SearchSpec
+from engine.stage1 import AnnStage1
+from service.models import Trace
+from trainer.cli import ANN_CHOICES
+
+
+def test_cli_choices_are_the_engines():
+    assert ANN_CHOICES == ann.BACKEND_CHOICES
+
+
+def test_auto_is_flat_below_ann_min_docs_and_hnsw_above():
+    small = ann.select_backend("auto", 199_999, 384, ann_min_docs=200_000)
+    assert small.backend == "flat" and "ann_min_docs" in small.reason
+    big = ann.select_backend("auto", 200_000, 384, ann_min_docs=200_000)
+    assert big.backend == "hnsw"
+    assert big.needed_bytes == pytest.approx(big.bytes_per_document["total"] * 200_000, rel=1e-6)
+
+
+def test_auto_falls_back_to_ivf_when_hnsw_does_not_fit():
+    n, d = 1_000_000, 384
+    hnsw = ann.select_backend("hnsw", n, d).needed_bytes
+    ivf = ann.select_backend("ivf", n, d).needed_bytes
+    assert ivf < hnsw
+    got = ann.select_backend("auto", n, d, memory_budget_bytes=(ivf + hnsw) // 2)
+    assert got.backend == "ivf" and got.needed_bytes == ivf
+
+
+def test_a_backend_over_budget_raises_with_the_bytes_needed():
+    need = ann.select_backend("ivf", 1_000_000, 384).needed_bytes
+    with pytest.raises(ann.MemoryBudgetError) as e:
+        ann.select_backend("auto", 1_000_000, 384, memory_budget_bytes=10**9)
+    assert isinstance(e.value, ValueError) and e.value.needed_bytes == need and e.value.budget_bytes == 10**9
+    assert f"{need:,}" in str(e.value) and "1,000,000,000" in str(e.value)
+    with pytest.raises(ann.MemoryBudgetError, match="flat needs"):
+        ann.select_backend("none", 10_000, 384, memory_budget_bytes=1000)
+    with pytest.raises(ValueError, match="--ann must be one of"):
+        ann.select_backend("annoy", 10, 384)
+
+
+def test_bytes_per_document_by_part():
+    p = ann.default_params("hnsw_panorama", 1_000_000, M=16)
+    b = ann.bytes_per_document("hnsw_panorama", 1_000_000, 384, p)
+    assert b["vectors"] == 1536 and b["documents"] == 1536 and b["panorama"] == 4 * 9
+    assert b["graph"] == pytest.approx(4 * (32 + 16 / 15) + 12, abs=0.01)
+    assert b["total"] == pytest.approx(sum(v for k, v in b.items() if k != "total"), abs=0.05)
+    ivf = ann.bytes_per_document("ivf", 1_000_000, 384, ann.default_params("ivf", 1_000_000))
+    assert ivf["ids"] == 8 and ivf["graph"] == pytest.approx(4 * 384 * 4000 / 1e6, abs=0.01)
+    flat = ann.bytes_per_document("flat", 1000, 384, level_bytes_per_document=2000.0, fp16_width=128)
+    assert flat["float16"] == 256 and flat["levels"] == 1744 and flat["vectors"] == 0
+
+
+def test_default_params():
+    assert ann.default_params("ivf", 1_000_000).nlist == 4000
+    assert ann.default_params("ivf", 1000).nlist == 25  # 1000 // 39: k-means keeps 39 points a list
+    assert ann.default_params("hnsw", 10).M == 32 and ann.default_params("hnsw", 10).nlist == 0
+    assert ann.effort_grid(ann.default_params("ivf", 20_000))[-1] == 512  # 20000 // 39
+    with pytest.raises(ValueError):
+        ann.default_params("lsh", 10)
+
+
+def test_effort_for_reads_the_curve_with_its_margin():
+    curve = [{"effort": 8, "recall": 0.9}, {"effort": 16, "recall": 0.96}, {"effort": 32, "recall": 0.994}]
+    assert ann.effort_for(curve, 0.95) == 16
+    assert ann.effort_for(curve, 0.95, margin_share=0.25) == 32  # goal 0.9625: 0.96 falls short
+    assert ann.effort_for(curve, 0.99, 0.25) == 32 and ann.effort_for(curve, 0.99, 0.5) is None
+    assert ann.effort_for(curve, 1.0) is None
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((40, 32))
+    X = (centers[rng.integers(0, 40, 4000)] + 0.5 * rng.standard_normal((4000, 32))).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = (centers[rng.integers(0, 40, 300)] + 0.5 * rng.standard_normal((300, 32))).astype(np.float32)
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    return X, Q[:200], Q[200:]
+
+
+@pytest.mark.parametrize("kind", ann.ANN_KINDS)
+def test_every_kind_tunes_and_serves_its_target(corpus, kind):
+    X, Qt, Qe = corpus
+    p = ann.default_params(kind, len(X), M=16)
+    index = ann.build_index(X, p)
+    curve = ann.tune_effort(index, p, X, Qt)
+    assert [c["effort"] for c in curve] == sorted(c["effort"] for c in curve) and curve[-1]["recall"] > 0.95
+    a = AnnStage1(index, p, curve, margin_share=0.25)
+    v = IndexVersion.in_memory(X, np.eye(32, dtype=np.float32), [f"d{i}" for i in range(len(X))], m0=16,
+                               ann=a)
+    assert "recall" in capabilities(v).policies and v.stage1_backend == kind
+    res = Pipeline().search(v, [SearchSpec("q", k=10, width="auto", recall_target=0.95)] * len(Qe), embeddings=Qe)
+    truth = ann.exhaustive_top_k(X, Qe)
+    assert ann.recall_at([r.rows for r in res], truth).mean() >= 0.94
+    for r, q in zip(res, Qe):
+        assert r.trace["policy"] == "recall" and r.trace["stage1_backend"] == kind
+        assert r.trace["effort"] == a.effort(0.95) and r.trace["effort_name"] == ann.EFFORT_NAME[kind]
+        np.testing.assert_allclose(r.scores, X[r.rows] @ q, rtol=1e-5, atol=1e-6)  # exact full-width scores
+        assert list(r.scores) == sorted(r.scores, reverse=True)
+    Trace(**res[0].trace)
+
+
+def test_targets_it_cannot_meet_and_thin_filters_are_served_exactly(corpus):
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=20)
+    index = ann.build_index(X, p)
+    curve = [c for c in ann.tune_effort(index, p, X, Qt) if c["effort"] <= 16]  # a backend that tops out early
+    a = AnnStage1(index, p, curve)
+    v = IndexVersion.in_memory(X, np.eye(32, dtype=np.float32), [f"d{i}" for i in range(len(X))], m0=16,
+                               ann=a)
+    truth = ann.exhaustive_top_k(X, Qe[:5])
+    pipe = Pipeline()
+    for target, phrase in ((1.0, "certifies nothing"), (0.9999, "reached")):
+        for r, t in zip(pipe.search(v, [SearchSpec("q", k=10, recall_target=target)] * 5, embeddings=Qe[:5]), truth):
+            assert r.trace["policy"] == "exact" and phrase in r.trace["served_exact_because"]
+            assert r.trace["recall_target"] == target and r.trace["stage1_backend"] == "flat"
+            assert set(r.rows.tolist()) == set(t.tolist())
+    allowed = np.zeros(len(X), bool)
+    allowed[::50] = True  # 2 % of the documents
+    r = pipe.search(v, [SearchSpec("q", k=10, recall_target=0.5)], embeddings=Qe[:1], allowed=allowed)[0]
+    assert "filter allows 2.0%" in r.trace["served_exact_because"] and allowed[r.rows].all()
+    allowed[::2] = True
+    r = pipe.search(v, [SearchSpec("q", k=10, recall_target=0.5)], embeddings=Qe[:1], allowed=allowed)[0]
+    assert r.trace["served_exact_because"] is None and allowed[r.rows].all() and len(r.rows) == 10
+
+
+def test_exact_rerank_orders_ties_by_row():
+    docs = np.array([[1, 0], [1, 0], [0, 1]], np.float32)
+    rows, scores = ann.exact_rerank(docs, np.array([1, 0], np.float32), np.array([2, 1, 0]), 2)
+    assert rows.tolist() == [0, 1] and scores.tolist() == [1.0, 1.0]
+    rows, scores = ann.exact_rerank(docs, np.array([1, 0], np.float32), np.empty(0, np.int64), 2)
+    assert len(rows) == 0 and scores.dtype == np.float64
