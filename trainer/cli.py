@@ -177,7 +177,8 @@ def _fold(args, settings) -> int:
     try:
         report = fold_collection(settings, encoder, args.collection, promote=args.promote,
                                  drift_threshold=threshold)
-    except (FoldError, BuildLocked, WalError, IndexVersionError, RegistryError, DatasetFormatError) as e:
+    except (FoldError, BuildLocked, WalError, IndexVersionError, RegistryError, DatasetFormatError, ValueError,
+            FileNotFoundError) as e:  # ValueError: e.g. a refit whose dataset folder lost its training split
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report, default=str))
