@@ -149,6 +149,34 @@ class LiveCollection:
             snap = delta.snapshot()
             return {"records": records, "upserts": len(snap.docs), "deletes": len(snap.deleted)}
 
+    def advance(self, folded: int) -> dict:
+        """A version that folded every write up to ``folded`` went live: drop the segment's entries with
+        ``seq <= folded`` (that version holds them) and keep the rest, without encoding anything.  A ``folded``
+        below the segment's base (a rollback) replays the log instead (:meth:`replay`).
+
+        Returns ``{"dropped": n, "upserts": u, "deletes": d}`` (u and d: the segment's afterwards).
+        """
+        if folded < self.base_seq:
+            counts = self.replay(folded)
+            return {"dropped": 0, "upserts": counts["upserts"], "deletes": counts["deletes"]}
+        with self._lock:
+            snap = self.delta.snapshot()
+            delta = DeltaSegment(self.delta.dimension)
+            keep = [k for k, i in enumerate(snap.ids) if snap.docs[i].seq > folded]
+            if keep:
+                delta.upsert([snap.docs[snap.ids[k]].seq for k in keep], [snap.docs[snap.ids[k]].doc for k in keep],
+                             snap.embeddings[keep])
+            dels: dict[int, list[str]] = {}
+            for i, s in snap.deleted.items():
+                if s > folded:
+                    dels.setdefault(s, []).append(i)
+            for s, ids in sorted(dels.items()):
+                delta.delete(s, ids)
+            self.delta, self.base_seq = delta, int(folded)
+            after = delta.snapshot()
+            return {"dropped": len(snap.overridden) - len(after.overridden), "upserts": len(after.docs),
+                    "deletes": len(after.deleted)}
+
     def status(self) -> dict:
         """``{"last_accepted_seq", "base_seq", "pending_upserts", "pending_deletes"}`` of the collection."""
         snap = self.snapshot()

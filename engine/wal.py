@@ -17,6 +17,10 @@ only after that.
 * an exclusive ``flock`` on ``wal/LOCK``: one writer process a collection (a second gets
   :class:`WalLocked`; it is released by the kernel when the holder dies, kill -9 included).
 
+A reader that is not the writer (the trainer's fold, :func:`read_log`) scans the segment files without the
+lock and stops at the first line that is not a whole record: the writer's append in flight, never
+acknowledged before its fsync returns, so nothing acknowledged is missed that was acknowledged before the scan.
+
 A Redis-stream implementation of :class:`WriteLog` (``REDIS_URL``) is not written yet (docs/LIVE_DOCUMENTS.md).
 """
 
@@ -272,3 +276,38 @@ class FileWriteLog(WriteLog):
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+
+def read_log(directory: Path | str, after: int = 0) -> Iterator[dict]:
+    """Records with ``seq > after`` of the log in ``directory``, read without taking its lock (the gateway may
+    hold it and append meanwhile); in sequence order, ending at the first torn line of the last segment (an
+    append in flight).  A missing directory is an empty log.
+
+    Raises:
+        WalCorrupt: an unreadable record before the last segment's end, or a gap in the sequence numbers.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    segs = sorted(p for p in directory.glob("*.jsonl") if len(p.stem) == SEGMENT_DIGITS and p.stem.isdigit())
+    expected = None
+    for i, seg in enumerate(segs):
+        last_segment = i == len(segs) - 1
+        nxt = int(segs[i + 1].stem) if not last_segment else None
+        if nxt is not None and nxt <= after + 1:
+            expected = nxt
+            continue  # every record of this segment is <= after
+        with open(seg, "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            rec = decode_record(data[pos:end + 1]) if end >= 0 else None
+            if rec is None or (expected is not None and rec["seq"] != expected):
+                if last_segment and (end < 0 or end + 1 == len(data)) and rec is None:
+                    return  # the writer's append in flight
+                raise WalCorrupt(f"{seg.name}: unreadable or out-of-order record at byte {pos}")
+            expected = rec["seq"] + 1
+            if rec["seq"] > after:
+                yield rec
+            pos = end + 1

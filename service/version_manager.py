@@ -82,6 +82,7 @@ class VersionManager:
         self._wanted: set[str] = set()
         self.refused: dict[str, str] = {}  # version -> refusal code (not retried until restart)
         self.on_live = None  # called with the IndexVersion after each switch (outside the lock)
+        self.before_live = None  # called with the IndexVersion about to go live, before the switch (outside the lock)
         self.stage1 = None  # engine.stage1.Stage1Provider (None: faiss in process)
         self._loading = threading.Lock()
 
@@ -218,8 +219,16 @@ class VersionManager:
     def switch(self, version: str, action: str = "promote") -> bool:
         """Make a loaded version live (one pointer assignment under the lock).
 
-        Returns True when live changed.  Raises KeyError when ``version`` is not loaded.
+        Returns True when live changed.  Raises KeyError when ``version`` is not loaded.  ``before_live`` runs
+        first (the delta segment of a rollback is rebuilt before the older version serves), ``on_live`` after.
         """
+        if self.before_live is not None:
+            with self._lock:
+                if version not in self._held:
+                    raise KeyError(version)
+                upcoming = self._held[version].version if self._live != version else None
+            if upcoming is not None:
+                self.before_live(upcoming)
         with self._lock:
             if version not in self._held:
                 raise KeyError(version)

@@ -258,15 +258,27 @@ class LiveDocuments:
             self.live[name] = live
             log.info("write-ahead log of %s: last seq %d, replayed after %d: %s", name, live.log.last_seq, base,
                      counts)
-            previous = versions.on_live
+            previous, previous_before = versions.on_live, versions.before_live
+
+            def before_live(v, _previous=previous_before, _live=live):
+                if _previous is not None:
+                    _previous(v)
+                if folded_seq(v) < _live.base_seq:
+                    # a rollback to a version that folded less: replay the log after its folded seq *before* it
+                    # serves; that segment (a superset of the current one) is exact for both versions
+                    _live.replay(folded_seq(v))
 
             def on_live(v, _previous=previous, _live=live):
                 if _previous is not None:
                     _previous(v)
-                if folded_seq(v) != _live.base_seq:  # a fold went live, or a rollback: rebuild from the log
-                    _live.replay(folded_seq(v))
+                if folded_seq(v) > _live.base_seq:
+                    # a fold went live: it holds the writes up to its folded seq; drop them from the segment
+                    # (after the switch: until then the old version needs them)
+                    counts = _live.advance(folded_seq(v))
+                    log.info("%s: %s folded up to seq %d; delta segment %s", _live.name, v.version, folded_seq(v),
+                             counts)
 
-            versions.on_live = on_live
+            versions.before_live, versions.on_live = before_live, on_live
 
     def close(self) -> None:
         """Close every log (releases the writer locks)."""

@@ -16,6 +16,18 @@ Steps (each logged with its duration):
    registered in the version registry as a candidate (the collection's first
    version, or any with ``promote``, is promoted at once).
 
+A build holds the collection's build lock (:func:`engine.version.store.build_lock`) and first removes the
+stale ``.tmp-*`` drafts a killed build left.
+
+**Reuse (a fold, issue 18).**  With ``reuse_from`` (a version directory) and ``documents`` (the corpus to
+index instead of the dataset's: :mod:`trainer.fold`), the expensive fitting steps are skipped: the rotation,
+the routers, the recall policy and the level layout are the base version's; encoding (only new or changed
+texts: the embedding cache keys by content), the level store, the lexical side, stage 1 and the served
+evaluation run as usual.  A drift check then compares the new version's label-free online-CUS agreement
+(:func:`online_cus_agreement` on the evaluation queries) with the base version's; beyond
+``drift_threshold`` the build starts again without reuse (refits) and the manifest's ``writes.fitting`` says
+``refitted``.
+
 :func:`build_index` runs the steps as functions over one :class:`BuildContext`; every file is written by the
 format's writers (:mod:`engine.version.files`, :mod:`engine.version.lexical`) and the manifest is the typed
 :class:`engine.version.manifest.Manifest` assembled from their sections.
@@ -26,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +59,8 @@ from engine.pipeline import Pipeline, capabilities
 from engine.plan import SearchSpec, is_blank
 from engine.recall import RecallPolicy
 from engine.stage1 import AnnStage1
-from engine.io.beir import Collection, DatasetFormatError, available_splits, load_collection, load_qrels
+from engine.io.beir import (Collection, DatasetFormatError, available_splits, load_collection, load_qrels,
+                            load_queries)
 from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
 from engine.version import files
@@ -55,8 +68,8 @@ from engine.version.files import Files
 from engine.version.lexical import lexical_files
 from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, BackendSection, CarsSection, CorpusSection, EncoderSection,
                                      Manifest, PolicySection, RouterPairSection, RouterSection, TiersSection,
-                                     read_manifest)
-from engine.version.store import new_version_id, utc_timestamp, write_version
+                                     WritesSection, read_manifest)
+from engine.version.store import build_lock, new_version_id, utc_timestamp, write_version
 from trainer.adapter import AdapterConfig, train_adapter
 from trainer.capacity_report import file_writers as capacity_file_writers, summary as capacity_summary
 from trainer.cars import apply_cars
@@ -113,6 +126,10 @@ class BuildOptions:
     ann: str = "none"                      # ANN first stage (issue 19): none, auto, ivf, hnsw, ivf_panorama, hnsw_panorama
     ann_params: dict = field(default_factory=dict)  # overrides of engine.ann.default_params (M, ef_construction, nlist)
     ann_tuning_queries: int = 1000         # at most this many queries tune the effort curve
+    documents: list | None = None          # the corpus (engine.io.beir.Document) instead of the dataset's (a fold)
+    reuse_from: Path | None = None         # a version whose rotation, routers, recall policy, level layout are reused
+    writes: dict | None = None             # the manifest's writes section (folded_seq, base_version, base_folded_seq)
+    drift_threshold: float = 0.05          # reuse: refit when the online-CUS agreement moves more than this
 
 
 class _Timer:
@@ -185,14 +202,25 @@ def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, 
     report = capacity_report(q_rot, X_rot, test.judgments, doc_ids, test.ids, cap_opts)
     report["meta"] = {"collection": name, "rotation": opts.rotation, "split": opts.eval_split,
                       "dataset": str(opts.dataset)}
-    default = capabilities(version).default_policy
-    if default is not None:
-        served = Pipeline().search(version, [SearchSpec(query=t, k=10) for t in texts], embeddings=test.emb)
-        full_top1 = np.argmax(X_rot @ q_rot.T, axis=0)
-        agree = [len(r.rows) > 0 and int(r.rows[0]) == int(full_top1[i]) for i, r in enumerate(served)]
-        report["online_cus_baseline"] = {"agreement": float(np.mean(agree)), "queries": len(agree),
-                                         "policy": f"auto: {default}"}
+    baseline = online_cus_agreement(version, test, texts)
+    if baseline is not None:
+        report["online_cus_baseline"] = baseline
     return report
+
+
+def online_cus_agreement(version: IndexVersion, test: QuerySet, texts: list[str]) -> dict | None:
+    """The offline baseline of the gateway's label-free online CUS: the share of ``test`` queries whose top-1
+    under the version's default ``auto`` policy (the plain request ``{"query", "k": 10}``) equals the exhaustive
+    full-width top-1 over ``version.docs``.  ``{"agreement", "queries", "policy"}``, or None when the version
+    serves no ``auto`` policy or there are no queries.  Cheap: one served search and one (N, Q) product."""
+    default = capabilities(version).default_policy
+    if default is None or not len(test.ids):
+        return None
+    served = Pipeline().search(version, [SearchSpec(query=t, k=10) for t in texts], embeddings=test.emb)
+    q_rot = np.ascontiguousarray(test.emb @ np.asarray(version.rotation, np.float32).T, dtype=np.float32)
+    full_top1 = np.argmax(np.asarray(version.docs, np.float32) @ q_rot.T, axis=0)
+    agree = [len(r.rows) > 0 and int(r.rows[0]) == int(full_top1[i]) for i, r in enumerate(served)]
+    return {"agreement": float(np.mean(agree)), "queries": len(agree), "policy": f"auto: {default}"}
 
 
 @dataclass
@@ -242,6 +270,8 @@ class BuildContext:
     ann: dict | None = None                # the ANN first stage: index, params, curve, section fields
     evaluation: dict | None = None
     capacity: dict | None = None
+    base: IndexVersion | None = None       # reuse_from, loaded (its fitted parts are reused)
+    drift: dict | None = None              # the drift check of a reuse build
 
     @property
     def has_train(self) -> bool:
@@ -277,6 +307,9 @@ def _cross_encoder_dir(opts: BuildOptions, settings) -> Path:
 def _read_dataset(ctx: BuildContext) -> None:
     """Splits, corpus, queries and qrels (the fingerprint first: a change while building is seen next poll)."""
     opts = ctx.opts
+    if opts.documents is not None:
+        _read_given_documents(ctx)
+        return
     ctx.dataset_fingerprint = dataset_fingerprint(opts.dataset)
     splits = available_splits(opts.dataset)
     ctx.eval_split = opts.eval_split if opts.eval_split in splits else None
@@ -294,6 +327,35 @@ def _read_dataset(ctx: BuildContext) -> None:
     ctx.row_of = {d: i for i, d in enumerate(ctx.doc_ids)}
     ctx.train_qrels = load_qrels(opts.dataset, ctx.train_split) if ctx.train_split else {}
     ctx.eval_qrels = ctx.col.qrels if ctx.eval_split else {}
+
+
+def _read_given_documents(ctx: BuildContext) -> None:
+    """``documents`` given (a fold): that corpus; the queries and qrels of the dataset folder when it still
+    exists (qrels of documents no longer in the corpus are kept: they count as misses).  A reuse build reads
+    no training qrels (nothing is fitted on them)."""
+    opts = ctx.opts
+    folder = Path(opts.dataset)
+    splits = available_splits(folder) if folder.is_dir() else []
+    ctx.dataset_fingerprint = dataset_fingerprint(folder) if folder.is_dir() else ""
+    ctx.eval_split = opts.eval_split if opts.eval_split in splits else None
+    ctx.train_split = opts.train_split if opts.train_split in splits else None
+    if ctx.train_split is None and opts.reuse_from is None and opts.rotation.startswith("adapter"):
+        raise ValueError(f"rotation {opts.rotation!r} needs training qrels ({opts.train_split!r} split not found in "
+                         f"{folder})")
+    queries = load_queries(folder) if splits else {}
+    eval_qrels = load_qrels(folder, ctx.eval_split) if ctx.eval_split else {}
+    ctx.col = Collection(opts.collection or folder.name, list(opts.documents), queries, eval_qrels,
+                         ctx.eval_split or "test")
+    _skip_empty_documents(ctx)
+    ctx.name = opts.collection or ctx.col.name
+    ctx.doc_ids = [d.doc_id for d in ctx.col.corpus]
+    ctx.row_of = {d: i for i, d in enumerate(ctx.doc_ids)}
+    train = load_qrels(folder, ctx.train_split) if ctx.train_split and opts.reuse_from is None else {}
+    # training judgments of documents no longer in the corpus (deleted) are dropped: a query left with no
+    # relevant document trains nothing (the adapter refuses such queries)
+    kept = {q: {d: g for d, g in j.items() if d in ctx.row_of} for q, j in train.items()}
+    ctx.train_qrels = {q: j for q, j in kept.items() if any(g > 0 for g in j.values())}
+    ctx.eval_qrels = eval_qrels
 
 
 def _skip_empty_documents(ctx: BuildContext) -> None:
@@ -368,6 +430,13 @@ def _rotations(ctx: BuildContext) -> None:
     """PCA, identity and (with a learned rotation) the adapter; the served one rotates the documents."""
     opts, X = ctx.opts, ctx.X
     D = ctx.encoder.dimension
+    if ctx.base is not None:  # reuse: the base version's rotation
+        ctx.R = np.asarray(ctx.base.rotation, np.float64)
+        ctx.rotations = {opts.rotation: ctx.R}
+        ctx.adapter_report = dict(ctx.base.manifest.adapter.training or {}) if ctx.base.manifest.adapter else None
+        ctx.X_rot = np.ascontiguousarray(X @ ctx.R.T, dtype=np.float32)
+        ctx.funnel = Funnel.build(ctx.X_rot, ctx.doc_ids, opts.m0, opts.shortlist)
+        return
     ctx.rotations = {"identity": np.eye(D)}
     with ctx.timer("pca rotation"):
         ctx.rotations["pca"] = pca_rotation(X)
@@ -393,6 +462,13 @@ def _rotations(ctx: BuildContext) -> None:
 def _routers(ctx: BuildContext) -> None:
     """One LightGBM router per action pair, on (cross-fitted) training queries."""
     opts = ctx.opts
+    if ctx.base is not None:  # reuse: the base version's routers and their calibration
+        for pair, router in ctx.base.routers.items():
+            ctx.routers[pair] = _ReusedRouter(router.booster, np.asarray(router.calibration, np.float64))
+            sec = ctx.base.manifest.router.pairs[files.router_key(pair)]
+            ctx.router_meta[pair] = {k: v for k, v in sec.model_dump().items()
+                                     if k not in ("file", "action_pair", "calibration_predictions")}
+        return
     if not ctx.has_train:
         return
     crossfit = opts.rotation.startswith("adapter") and opts.router_crossfit_folds >= 2
@@ -481,9 +557,19 @@ def _levels_and_recall(ctx: BuildContext) -> None:
     opts = ctx.opts
     if not opts.levels or (ctx.backend is not None and ctx.backend.backend != "flat"):
         return
+    base_levels = ctx.base.levels if ctx.base is not None else None
     with ctx.timer("level store"):
-        ctx.levels = LevelStore.build(ctx.X_rot)
+        ctx.levels = LevelStore.build(ctx.X_rot, base_levels.layout if base_levels is not None else None)
     if not opts.recall_policy:
+        return
+    if ctx.base is not None:  # reuse: the base version's recall model and its calibration
+        rp = files.read_recall_policy(ctx.base.path, ctx.base.manifest)
+        if rp is None:
+            return
+        section = {k: v for k, v in rp.section.model_dump().items()
+                   if k not in ("file", "calibration_file", "calibration_queries")}
+        ctx.recall = {"booster": rp.booster, "oof": rp.calibration_pred,
+                      "table": _ReusedTable(rp.calibration_recall), "section": section}
         return
     with ctx.timer("recall policy"):
         if ctx.has_train:
@@ -601,14 +687,19 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
         return
     opts = ctx.opts
     with ctx.timer("evaluation"):
-        ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels, ctx.funnel,
-                                   ctx.R, ctx.routers)
         texts = [ctx.col.queries[q] for q in ctx.test.ids]
         subsets = {"all": None}
-        if ctx.train_qrels:
-            subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
+        if ctx.base is not None:  # a fold: the served policies only (the static table compares rotations)
+            ctx.evaluation = {"split": ctx.eval_split, "queries": len(ctx.test.ids),
+                              "note": "a fold reusing the base version's fitted parts: served/<policy> only, the "
+                                      "gateway's pipeline on the version as written (engine.pipeline.Pipeline)"}
         else:
-            ctx.evaluation.pop("_unseen")
+            ctx.evaluation = _evaluate(opts, ctx.rotations, ctx.X, ctx.doc_ids, ctx.test, ctx.train_qrels,
+                                       ctx.funnel, ctx.R, ctx.routers)
+            if ctx.train_qrels:
+                subsets["unseen"] = np.asarray(ctx.evaluation.pop("_unseen"))
+            else:
+                ctx.evaluation.pop("_unseen")
         version = served_version(ctx)
         ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets)
         if ctx.policy is not None:
@@ -706,6 +797,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
         rerank=rerank, tiers=tiers, levels=levels_section, recall_policy=recall_section, ann=ann_section,
         backend=backend_section,
         policy=PolicySection(default=default_policy), capacity=capacity_summary(ctx.capacity) if ctx.capacity is not None else None,
+        writes=WritesSection(**{"fitting": "reused" if ctx.base is not None else "refitted", **opts.writes,
+                                "drift": ctx.drift}) if opts.writes is not None else None,
         build_seconds=ctx.timer.t)
     return version, writers, manifest
 
@@ -745,17 +838,88 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
         engine.scorers.CrossEncoderNotFoundError: ``tiers`` without a cross-encoder export.
     """
     _check_options(opts, settings, encoder.dimension)
+    name = opts.collection or Path(opts.dataset).name
+    with build_lock(Path(settings.index_root) / name):
+        return _build_locked(opts, settings, encoder)
+
+
+def _build_locked(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     ctx = BuildContext(opts, settings, encoder)
-    for step in (_read_dataset, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
-                 _difficulty_head,
-                 _funnel_policy, _evaluation_and_capacity):
+    if opts.reuse_from is not None:
+        ctx.base = IndexVersion.load(opts.reuse_from)
+    for step in _STEPS:
         step(ctx)
+    if ctx.base is not None:
+        ctx.drift = _drift_check(ctx)
+        if ctx.drift.get("exceeded"):
+            log.warning("drift check: online-CUS agreement %.3f vs the base version's %.3f (threshold %.3f): "
+                        "refitting instead of reusing", ctx.drift["new"], ctx.drift["base"], opts.drift_threshold)
+            refit = replace(opts, reuse_from=None, writes={**(opts.writes or {}), "fitting": "refitted"})
+            path, manifest = _build_refit(refit, settings, encoder, ctx.drift)
+            return path, manifest
+    return _write_and_publish(ctx)
+
+
+def _build_refit(opts: BuildOptions, settings, encoder, drift: dict) -> tuple[Path, Manifest]:
+    """The build of ``opts`` without reuse (the drift check said retrain); the manifest records ``drift``."""
+    ctx = BuildContext(opts, settings, encoder)
+    for step in _STEPS:
+        step(ctx)
+    ctx.drift = drift
+    return _write_and_publish(ctx)
+
+
+_STEPS = (_read_dataset, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
+          _difficulty_head, _funnel_policy, _evaluation_and_capacity)
+"""The steps of a build, in order (module docstring)."""
+
+
+def _drift_check(ctx: BuildContext) -> dict:
+    """Compare the reuse build's online-CUS agreement with the base version's (its manifest's baseline, else
+    measured now on the base version with the same queries); ``exceeded`` when they differ by more than
+    ``drift_threshold``.  Without evaluation queries or an ``auto`` policy the check cannot run (reuse)."""
+    metric = "online-CUS agreement: top-1 of the default auto policy vs exhaustive full width, evaluation queries"
+    out = {"metric": metric, "threshold": ctx.opts.drift_threshold}
+    if not ctx.has_test:
+        return {**out, "available": False, "reason": "no evaluation queries", "exceeded": False}
+    texts = [ctx.col.queries[q] for q in ctx.test.ids]
+    new = (ctx.capacity or {}).get("online_cus_baseline") or online_cus_agreement(served_version(ctx), ctx.test, texts)
+    base_cap = ctx.base.manifest.capacity or {}
+    base = base_cap.get("online_cus_baseline")
+    source = "base manifest"
+    if base is None or base.get("queries") != len(ctx.test.ids):
+        base, source = online_cus_agreement(ctx.base, ctx.test, texts), "measured on the base version"
+    if new is None or base is None:
+        return {**out, "available": False, "reason": "the version serves no auto policy", "exceeded": False}
+    diff = abs(float(new["agreement"]) - float(base["agreement"]))
+    return {**out, "available": True, "base": float(base["agreement"]), "new": float(new["agreement"]),
+            "base_source": source, "queries": int(new["queries"]), "difference": diff,
+            "exceeded": bool(diff > ctx.opts.drift_threshold)}
+
+
+def _write_and_publish(ctx: BuildContext) -> tuple[Path, Manifest]:
+    opts, settings = ctx.opts, ctx.settings
     version, writers, manifest = _version_files(ctx)
     path = write_version(Path(settings.index_root) / ctx.name, version, writers, manifest)
     write_for_settings(settings, path)  # stage 1 on Milvus: the version's collection exists before it is published
     live = _publish(ctx, version)
     log.info("wrote %s%s", path, " (live)" if live else " (candidate)" if opts.publish else "")
     return path, read_manifest(path)
+
+
+@dataclass
+class _ReusedRouter:
+    """A base version's router in the shape of a fit (:func:`trainer.router_fit.fit_router`)."""
+
+    booster: object
+    oof_predictions: np.ndarray
+
+
+@dataclass
+class _ReusedTable:
+    """A base version's recall calibration in the shape the writers read (``recall``: (Q, Z) realised)."""
+
+    recall: np.ndarray
 
 
 def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,

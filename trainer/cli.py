@@ -9,7 +9,10 @@ Commands:
   promote          make a candidate live on every replica (quality gate first, if configured)
   rollback         swap live and previous on every replica
   status           registry state, history and replica reports (JSON)
-  serve            long-lived: rebuild and publish when the dataset changes; /metrics with capacity gauges
+  fold             fold the collection's pending writes (write-ahead log) into a new version, reusing the
+                   live version's rotation, routers and recall policy (docs/LIVE_DOCUMENTS.md)
+  serve            long-lived: rebuild and publish when the dataset changes, fold pending writes;
+                   /metrics with capacity gauges
   encode           encode a corpus with Ray Data into parquet shards (build --embeddings reads them)
   milvus-write     write a version's stage-1 and rescoring prefixes to Milvus (stage 1 on Milvus)
   milvus-gc        drop Milvus collections of versions the registry no longer names
@@ -35,6 +38,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from engine.encoder import OnnxEncoder
 from engine.io.beir import DatasetFormatError
+from engine.registry.state import RegistryError
+from engine.version.manifest import IndexVersionError
+from engine.version.store import BuildLocked
+from engine.wal import WalError
 from trainer import data_cli, registry_cli, scale_cli
 from trainer.config import TrainerSettings
 from trainer.export_onnx import export_encoder
@@ -68,12 +75,23 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-publish", action="store_true", help="write the version but do not register it")
     b.add_argument("--promote", action="store_true", help="also make it live at once (no quality gate)")
 
+    f = sub.add_parser("fold", help="fold pending writes into a new version (candidate; --promote: gate, live)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    f.add_argument("--collection", required=True, help="collection whose write-ahead log is folded")
+    f.add_argument("--promote", action="store_true",
+                   help="promote the folded version through the quality gate (the normal blue/green path)")
+    f.add_argument("--drift-threshold", type=float, default=None,
+                   help="refit instead of reusing when the online-CUS agreement moves more than this "
+                        "(default: setting fold_drift_threshold)")
+
     sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _build_arguments(sv)
     sv.add_argument("--port", type=int, default=9109, help="TCP port of /metrics")
     sv.add_argument("--host", default="127.0.0.1", help="bind address of /metrics")
     sv.add_argument("--poll-seconds", type=float, default=60.0, help="seconds between dataset fingerprint checks")
+    sv.add_argument("--no-fold", action="store_true",
+                    help="do not fold pending writes (settings fold_min_writes, fold_interval_seconds)")
 
     registry_cli.add_commands(sub)
     scale_cli.add_commands(sub)
@@ -89,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export-encoder":
         print(export_encoder(settings.encoder_dir))
         return 0
+    if args.command == "fold":
+        return _fold(args, settings)
     if args.command in ("build", "serve"):
         from trainer.build import BuildOptions, build_index
 
@@ -135,12 +155,45 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def _fold(args, settings) -> int:
+    """``trainer fold``: one fold; prints its report as JSON (exit 2 with a message when it cannot fold)."""
+    from trainer.fold import FoldError, fold_collection, live_version  # imports trainer.build, so torch (see main)
+
+    threshold = settings.fold_drift_threshold if args.drift_threshold is None else args.drift_threshold
+    if not threshold >= 0:
+        print(f"error: --drift-threshold must be >= 0, got {threshold}", file=sys.stderr)
+        return 2
+    try:
+        live = live_version(settings, args.collection)
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if live is None:  # before the encoder loads
+        print(f"error: collection {args.collection!r} under {settings.index_root} has no live version to fold onto",
+              file=sys.stderr)
+        return 2
+    export_encoder(settings.encoder_dir)
+    encoder = OnnxEncoder(settings.encoder_dir, threads=settings.encoder_threads)
+    try:
+        report = fold_collection(settings, encoder, args.collection, promote=args.promote,
+                                 drift_threshold=threshold)
+    except (FoldError, BuildLocked, WalError, IndexVersionError, RegistryError, DatasetFormatError, ValueError,
+            FileNotFoundError) as e:  # ValueError: e.g. a refit whose dataset folder lost its training split
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, default=str))
+    if args.promote and report.get("folded") and not report.get("promoted"):
+        print(f"error: promotion refused: {(report.get('gate') or {}).get('reason')}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _serve(args, opts, settings, encoder) -> int:
     """Run the trainer daemon until SIGTERM / SIGINT."""
     from trainer.serve import TrainerDaemon, TrainerMetrics  # imports torch (see main)
 
     registry = CollectorRegistry()
-    daemon = TrainerDaemon(opts, settings, encoder, TrainerMetrics(registry))
+    daemon = TrainerDaemon(opts, settings, encoder, TrainerMetrics(registry), fold=not args.no_fold)
     server, _ = start_http_server(args.port, addr=args.host, registry=registry)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -40,6 +40,13 @@ class TrainerSettings(BaseSettings):
     ray_address: str | None = Field(None, description="Ray cluster of `trainer encode --ray` (e.g. ray://head:10001); "
                                     "unset: a local Ray started in process.")
 
+    fold_min_writes: int = Field(1000, ge=1, description="The trainer daemon folds once this many documents "
+                                 "were written (upserted or deleted ids) after the live version's folded sequence.")
+    fold_interval_seconds: float = Field(3600.0, ge=0, description="The daemon also folds any pending write once "
+                                         "this long since its last fold (or its start); 0: by size only.")
+    fold_drift_threshold: float = Field(0.05, ge=0, description="A fold refits (rotation, routers, recall policy) "
+                                        "instead of reusing them when the online-CUS agreement moves more than this.")
+
     def resolved(self) -> "TrainerSettings":
         """A copy with every default path filled in under ``home`` (:func:`engine.home.home_defaults`)."""
         return with_home_defaults(self, ("index_root", "encoder_dir", "embedding_cache", "milvus_uri"))

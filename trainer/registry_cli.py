@@ -125,18 +125,30 @@ def _promote(args, settings, registry: Registry, coll: str, coll_dir: Path, acto
                       f"need {args.require_warm}", file=sys.stderr)
                 return 2
             time.sleep(0.2)
-    gate = {"skipped": True} if args.skip_gate else None
-    if not args.skip_gate and st.live is not None and st.live != version:
+    promoted, gate, st = promote_with_gate(settings, registry, coll, version, actor, skip_gate=args.skip_gate)
+    if not promoted:
+        print(f"error: promotion refused: {gate['reason']}", file=sys.stderr)
+        print(json.dumps({"gate": gate}))
+        return 2
+    print(json.dumps({"promoted": version, "state": st.as_dict(), "gate": gate}))
+    return 0
+
+
+def promote_with_gate(settings, registry: Registry, coll: str, version: str, actor: str, *,
+                      skip_gate: bool = False) -> tuple[bool, dict | None, object]:
+    """Promote a published candidate through the collection's quality gate (when one is configured and a
+    different version is live); a refusal is recorded in the history.  Returns (promoted, gate report or None,
+    the registry state)."""
+    st = registry.get(coll)
+    coll_dir = Path(settings.index_root) / coll
+    gate = {"skipped": True} if skip_gate else None
+    if not skip_gate and st.live is not None and st.live != version:
         gate = _gate(settings, coll_dir, st.live, version)
         if gate is not None and not gate["passed"]:
             registry.record(coll, {"action": "refuse", "version": version, "reason": gate["reason"], "gate": gate},
                             actor=actor)
-            print(f"error: promotion refused: {gate['reason']}", file=sys.stderr)
-            print(json.dumps({"gate": gate}))
-            return 2
-    st = registry.promote(coll, version, gate=gate, actor=actor)
-    print(json.dumps({"promoted": version, "state": st.as_dict(), "gate": gate}))
-    return 0
+            return False, gate, st
+    return True, gate, registry.promote(coll, version, gate=gate, actor=actor)
 
 
 def _gate(settings, coll_dir: Path, live: str, candidate: str) -> dict | None:

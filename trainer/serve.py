@@ -12,6 +12,13 @@ operator rolled back (``trainer rollback``): the daemon respects it.  It then ex
 the collection's live version (which follows ``trainer promote`` / ``rollback``)
 and removes the series of the version it replaced.
 
+**Folding (issue 18).**  Each poll also counts the writes of the collection's write-ahead log after the live
+version's folded sequence number (upserted or deleted ids); when they reach the setting ``fold_min_writes``,
+or any are pending ``fold_interval_seconds`` after the last fold (or the daemon's start; 0: by size only),
+the daemon folds them (:func:`trainer.fold.fold_collection`) and promotes the folded version through the
+quality gate.  A fold that fails or is refused by the gate is not retried until more writes arrive.
+``--no-fold`` turns this off.
+
 Series (injected registry; capacity gauges carry only ``collection`` and ``version``):
 
 ================================================  ==================================================
@@ -30,6 +37,8 @@ adawidth_trainer_builds_total{outcome}            builds, outcome = success | fa
 adawidth_trainer_build_duration_seconds           duration of the last build
 adawidth_trainer_last_success_timestamp_seconds   unix time of the last successful build
 adawidth_trainer_polls_total                      dataset fingerprint checks
+adawidth_trainer_folds_total{outcome}             folds, outcome = success | failure | refused (gate)
+adawidth_trainer_pending_writes                   documents written after the live version's folded seq
 ================================================  ==================================================
 """
 
@@ -48,6 +57,7 @@ from adawidth.capacity import REGIME_CODE
 from engine.version import store
 from engine.version.manifest import IndexVersionError, Manifest, read_manifest
 from trainer.build import build_index, dataset_fingerprint
+from trainer.fold import FoldError, fold_collection, pending_writes
 
 log = logging.getLogger("trainer.serve")
 
@@ -93,6 +103,12 @@ class TrainerMetrics:
         self.last_success = Gauge("adawidth_trainer_last_success_timestamp_seconds",
                                   "Unix time of the last successful build.", registry=registry)
         self.polls = Counter("adawidth_trainer_polls_total", "Dataset fingerprint checks.", registry=registry)
+        self.folds = Counter("adawidth_trainer_folds_total", "Folds of pending writes by outcome.", ["outcome"],
+                             registry=registry)
+        for outcome in ("success", "failure", "refused"):
+            self.folds.labels(outcome)
+        self.pending_writes = Gauge("adawidth_trainer_pending_writes", "Documents written (upserted or deleted "
+                                    "ids) after the live version's folded sequence number.", registry=registry)
         self._exported: dict[str, str] = {}  # collection -> version whose series are exported
 
     def export_version(self, collection: str, version: str, capacity: dict | None) -> None:
@@ -119,9 +135,10 @@ class TrainerDaemon:
         settings: resolved :class:`trainer.config.TrainerSettings`.
         encoder: the ONNX encoder.
         metrics: :class:`TrainerMetrics`.
+        fold: fold pending writes (settings ``fold_min_writes``, ``fold_interval_seconds``).
     """
 
-    def __init__(self, opts, settings, encoder, metrics: TrainerMetrics):
+    def __init__(self, opts, settings, encoder, metrics: TrainerMetrics, fold: bool = True):
         self.opts = replace(opts, publish=True)
         self.settings = settings
         self.encoder = encoder
@@ -129,6 +146,9 @@ class TrainerDaemon:
         self.collection = opts.collection or Path(opts.dataset).name
         self.coll_dir = Path(settings.index_root) / self.collection
         self._failed_fingerprint: str | None = None
+        self.fold = fold
+        self._last_fold = time.monotonic()
+        self._failed_fold_seq: int | None = None
 
     def live_manifest(self) -> Manifest | None:
         """The manifest of the collection's live version, or None when there is none or it is unreadable."""
@@ -176,9 +196,48 @@ class TrainerDaemon:
                 built = manifest.version
             self.metrics.build_duration.set(time.perf_counter() - t0)
             manifest = self.live_manifest()
+        if self.fold and built is None:
+            built = self.maybe_fold()
+            manifest = self.live_manifest() if built else manifest
         if manifest is not None:
             self.metrics.export_version(self.collection, manifest.version, manifest.capacity)
         return built
+
+    def maybe_fold(self) -> str | None:
+        """Fold the pending writes when they are due (class docstring); returns the folded version id, when
+        one was built (live, or refused by the quality gate)."""
+        try:
+            pending = pending_writes(self.settings, self.collection)
+        except FoldError:
+            return None
+        n = pending.documents
+        self.metrics.pending_writes.set(n)
+        interval = float(self.settings.fold_interval_seconds)
+        due = n >= self.settings.fold_min_writes or (
+            n > 0 and interval > 0 and time.monotonic() - self._last_fold >= interval)
+        if not due or pending.last_seq == self._failed_fold_seq:
+            return None
+        log.info("%d documents written after seq %d: folding", n, pending.base_seq)
+        try:
+            report = fold_collection(self.settings, self.encoder, self.collection, promote=True,
+                                     drift_threshold=self.settings.fold_drift_threshold, actor="trainer serve")
+        except Exception:
+            log.exception("fold failed; keeping the live version")
+            self.metrics.folds.labels("failure").inc()
+            self._failed_fold_seq = pending.last_seq
+            return None
+        self._last_fold = time.monotonic()
+        if not report.get("folded"):
+            return None
+        if not report.get("promoted"):
+            log.error("folded version %s refused by the quality gate: %s", report["version"],
+                      (report.get("gate") or {}).get("reason"))
+            self.metrics.folds.labels("refused").inc()
+            self._failed_fold_seq = pending.last_seq
+        else:
+            self.metrics.folds.labels("success").inc()
+            self.metrics.pending_writes.set(0)
+        return report["version"]
 
     def run(self, stop: threading.Event, poll_seconds: float) -> None:
         """Poll until ``stop`` is set."""

@@ -43,6 +43,9 @@ Schema versions (bump :data:`SCHEMA_VERSION` when a section is added; every sche
   parameters, effort tuning curve and memory per document) and ``backend`` (which stage-1 backend the build
   chose, why, and every candidate's bytes per document).  Versions of schema 1 to 3 have neither and serve as
   before (``backend``: flat).
+* 5 -- adds ``writes`` (issue 18): the last write-ahead-log sequence number folded into the version, the version
+  it was folded onto, and whether the rotation, routers and recall policy were reused or refitted (the drift
+  check).  Versions of schemas 1-4 (and any built from a corpus alone) folded nothing: folded sequence 0.
 """
 
 from __future__ import annotations
@@ -59,9 +62,9 @@ from adawidth.router import FEATURE_NAMES
 from adawidth.tiers import TIERS
 from engine.io.checksum import sha256_file
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this build writes."""
-READABLE_SCHEMAS = (1, 2, 3, 4)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 """The schemas this build reads."""
 MANIFEST = "manifest.json"
 
@@ -236,6 +239,23 @@ class RecallPolicySection(_Section):
     calibration_queries: int = 0
 
 
+class WritesSection(_Section):
+    """Live documents folded into the version (issue 18, :mod:`trainer.fold`).
+
+    The version holds the documents of ``base_version`` with every write-ahead-log record of sequence number
+    in (``base_folded_seq``, ``folded_seq``] applied (upserts replaced or added, deletes removed).  ``fitting``
+    says whether the rotation, routers and recall policy (and the level layout) were reused from the base
+    version (``reused``) or fitted again (``refitted``: the drift check said retrain); ``drift`` holds the
+    check's figures.
+    """
+
+    folded_seq: int = Field(ge=0, description="The last write sequence number this version holds.")
+    base_version: str | None = None
+    base_folded_seq: int = Field(0, ge=0)
+    fitting: str = Field("reused", description="'reused' or 'refitted'.")
+    drift: dict | None = None
+
+
 class AnnSection(_Section):
     """An ANN first stage over the full-width rotated documents (:mod:`engine.ann`), served by policy ``recall``."""
 
@@ -305,6 +325,7 @@ class Manifest(BaseModel):
     recall_policy: RecallPolicySection | None = None
     ann: AnnSection | None = None
     backend: BackendSection | None = None
+    writes: WritesSection | None = None
     evaluation: dict | None = None
     capacity: dict | None = None
     build_seconds: dict | None = None

@@ -11,8 +11,13 @@ version is verified before use is :mod:`engine.version.manifest`; the writers an
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
-from collections.abc import Callable, Mapping
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.io import atomic
@@ -21,6 +26,51 @@ from engine.version.manifest import (MANIFEST, SCHEMA_VERSION, IndexVersionError
                                      parse_manifest, read_manifest)
 
 LIVE_POINTER = "LIVE"
+BUILD_LOCK = ".build.lock"
+
+log = logging.getLogger(__name__)
+
+
+class BuildLocked(RuntimeError):
+    """Another build or fold of the collection is running (it holds ``<collection>/.build.lock``)."""
+
+
+@contextmanager
+def build_lock(collection_dir: Path | str) -> Iterator[list[str]]:
+    """Hold the collection's build lock (an exclusive ``flock`` on ``<collection>/.build.lock``, released by the
+    kernel when the holder dies, kill -9 included) and, holding it, remove the stale drafts of version
+    directories a killed build left (``.tmp-*`` directories: only a build holding this lock writes one, so
+    none of them is in use).  Yields the names removed.
+
+    Raises:
+        BuildLocked: another process holds the lock.
+    """
+    collection_dir = Path(collection_dir)
+    collection_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(collection_dir / BUILD_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildLocked(f"another build or fold of {collection_dir.name} is running "
+                              f"(it holds {collection_dir / BUILD_LOCK})") from None
+        yield clean_stale_drafts(collection_dir)
+    finally:
+        os.close(fd)
+
+
+def clean_stale_drafts(collection_dir: Path | str) -> list[str]:
+    """Remove the ``.tmp-*`` version drafts of ``collection_dir`` (call holding :func:`build_lock`); returns
+    their names.  Files (an atomic pointer write in flight) are left alone."""
+    removed = []
+    d = Path(collection_dir)
+    for p in sorted(d.glob(".tmp-*")) if d.is_dir() else []:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+    if removed:
+        log.warning("removed %d stale build draft(s) in %s: %s", len(removed), d, removed)
+    return removed
 
 Writers = Mapping[str, Callable[[Path], None]]
 """File name -> a function that writes that file at the path it is given."""

@@ -29,7 +29,7 @@ def test_write_verify_and_live_pointer(tmp_path):
     m = verify(path, Expect(encoder_sha256="abc", max_tokens=256, dimension=D, collection="c", version="v1"))
     assert m.version == "v1" and set(m.files) == {"rotation.npy", "docs.npy", "doc_sqnorm_m0.npy", "doc_ids.json",
                                                   "stage1.faiss"}
-    assert m.schema_version == SCHEMA_VERSION == 4 and SCHEMA_VERSION in READABLE_SCHEMAS
+    assert m.schema_version == SCHEMA_VERSION == 5 and SCHEMA_VERSION in READABLE_SCHEMAS
     v = IndexVersion.load(path)
     np.testing.assert_array_equal(v.docs, X)
     np.testing.assert_allclose(v.doc_sqnorm_m0, (X[:, :M0] ** 2).sum(1), rtol=1e-6)

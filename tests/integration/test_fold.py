@@ -1,0 +1,228 @@
+"""Folding (issue 18, phase 2) over real processes: writes to a SciFact gateway, ``python -m trainer fold
+--promote``, and the gateway serves the folded version (every upsert top-1 for its own text at width "full"
+from the version itself, no deleted id returned, the delta segment emptied); a rollback serves the old version
+again with the writes replayed into the delta segment (none lost) and the next fold folds them again; a fold
+killed with -9 while it writes its version leaves no version (its draft is cleaned) and the next fold completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from threadpoolctl import threadpool_limits
+
+from engine.io.beir import load_qrels, load_queries
+from engine.registry import open_registry
+from engine.version import store
+from engine.version.manifest import read_manifest
+from engine.wal import FileWriteLog
+from tests.conftest import ROOT, SCIFACT, VAR, build_home
+from tests.integration.test_live_documents import AUTH, C, copy_home, put, running, search, writes
+from trainer.build import BuildOptions
+from trainer.config import TrainerSettings
+from trainer.fold import fold_collection
+from trainer.serve import TrainerDaemon, TrainerMetrics
+
+pytestmark = pytest.mark.integration
+
+UPSERTS = 40
+DELETES = 12
+
+
+def fold_env(home: Path) -> dict:
+    """The trainer's environment: the test home, the shared embedding cache (the corpus is not re-encoded), the
+    file registry, one thread."""
+    env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_EMBEDDING_CACHE=str(VAR / "cache" / "embeddings.sqlite"),
+               ADAWIDTH_ENCODER_THREADS="1", OMP_NUM_THREADS="1")
+    for name in ("REDIS_URL", "ADAWIDTH_REDIS_URL"):
+        env.pop(name, None)
+    return env
+
+
+def trainer(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, env=fold_env(home), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def fold(home: Path, *args: str) -> dict:
+    r = trainer(home, "fold", "--collection", "scifact", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def coll_dir(home: Path) -> Path:
+    return home / "indexes" / "scifact"
+
+
+def wait_live(http, version: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while writes(http)["live_version"] != version:
+        assert time.monotonic() < deadline, f"{version} never went live: {writes(http)}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def pristine_home(tmp_path_factory, encoder_dir, encoder) -> Path:
+    # PCA rotation, routers and recall policy from the train split, the test split evaluated (the drift check's
+    # queries); seconds from the shared embedding cache
+    return build_home(tmp_path_factory.mktemp("fold-home"), encoder_dir, encoder, rotation="pca", capacity=False)
+
+
+@pytest.fixture(scope="module")
+def claims() -> list[tuple[str, str]]:
+    queries = load_queries(SCIFACT)
+    qids = sorted(load_qrels(SCIFACT, "test"))[-UPSERTS:]
+    return [(f"fold-claim-{q}", queries[q].replace('"', " ")) for q in qids]
+
+
+def test_fold_promote_rollback_and_fold_again(pristine_home, tmp_path, claims):
+    home = copy_home(pristine_home, tmp_path / "home")
+    base = store.read_live_pointer(coll_dir(home))
+    base_ids = json.loads((coll_dir(home) / base / "doc_ids.json").read_text())
+    base_texts = dict(zip(base_ids, json.loads((coll_dir(home) / base / "encoder_text.json").read_text())))
+    nothing = fold(home)  # nothing pending: no version
+    assert nothing["folded"] is False and store.list_versions(coll_dir(home)) == [base]
+    with running(home) as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
+        half = UPSERTS // 2
+        assert put(http, [{"id": i, "text": t, "fields": {"source": "claim"}} for i, t in claims[:half]]).status_code == 202
+        deleted = base_ids[:DELETES] + [claims[0][0]]
+        text_of = {**{d: base_texts[d][:2000].replace('"', " ") for d in base_ids[:DELETES]}, claims[0][0]: claims[0][1]}
+        r = http.post(f"{C}/documents/delete", json={"ids": deleted}, headers=AUTH)
+        assert r.status_code == 202
+        folded_seq = r.json()["seq"]
+        kept_claims = claims[1:half]
+
+        report = fold(home, "--promote")
+        assert report["folded"] and report["promoted"] and report["fitting"] == "reused"
+        assert report["folded_seq"] == folded_seq and report["base_version"] == base
+        assert report["changes"] == {"upserted": half - 1, "added": half - 1, "replaced": 0, "deleted": DELETES}
+        assert report["drift"]["available"] and not report["drift"]["exceeded"]
+        assert report["encoded_now"] <= half  # only the new texts (the corpus comes from the cache)
+        new = report["version"]
+        m = read_manifest(coll_dir(home) / new)
+        assert m.schema_version == 5 and m.writes.folded_seq == folded_seq and m.writes.base_version == base
+        assert m.corpus.documents == len(base_ids) - DELETES + half - 1
+        assert m.adapter.sha256 == read_manifest(coll_dir(home) / base).adapter.sha256  # the rotation reused
+
+        wait_live(http, new)
+        w = writes(http)
+        assert (w["live_folded_seq"], w["pending_upserts"], w["pending_deletes"]) == (folded_seq, 0, 0)
+        for i, t in kept_claims:  # served by the folded version itself, not the delta segment
+            body = search(http, t, k=10, width="full")
+            assert body["results"][0]["id"] == i, (i, body["results"][:3])
+            assert body["trace"]["index_version"] == new and not (body["trace"].get("delta") or {}).get("documents")
+        for d in deleted:
+            for kw in ({"width": "full"}, {}, {"mode": "lexical"}):
+                hits = search(http, text_of[d], k=10, **kw)["results"]
+                assert hits and d not in {h["id"] for h in hits}, (d, kw)
+        assert http.get(f"{C}/documents/{kept_claims[0][0]}", headers=AUTH).json()["served_from"] == new
+
+        # writes after the fold, then a rollback: the old version serves; every write since its folded seq
+        # (0) is replayed into the delta segment, none lost
+        late = claims[half:]
+        assert put(http, [{"id": i, "text": t} for i, t in late]).status_code == 202
+        rb = trainer(home, "rollback", "scifact", "--reason", "test")
+        assert rb.returncode == 0, rb.stderr
+        wait_live(http, base)
+        w = writes(http)
+        assert w["live_folded_seq"] == 0 and w["pending_upserts"] == len(kept_claims) + len(late)
+        for i, t in kept_claims[:5] + late[:5]:
+            body = search(http, t, k=10, width="full")
+            assert body["results"][0]["id"] == i and body["trace"]["index_version"] == base
+        assert w["pending_deletes"] == len(deleted)
+        for d in deleted:
+            assert d not in {h["id"] for h in search(http, text_of[d], k=10, width="full")["results"]}
+
+        # the next fold folds them all again onto the (rolled-back) live version
+        again = fold(home, "--promote")
+        assert again["promoted"] and again["base_version"] == base and again["base_folded_seq"] == 0
+        assert again["folded_seq"] == writes(http)["last_accepted_seq"]
+        wait_live(http, again["version"])
+        assert writes(http)["pending_upserts"] == 0
+        for i, t in kept_claims[:5] + late:
+            body = search(http, t, k=10, width="full")
+            assert body["results"][0]["id"] == i and body["trace"]["index_version"] == again["version"]
+
+
+def test_fold_killed_mid_write_leaves_no_version_and_the_next_completes(pristine_home, tmp_path, claims):
+    home = copy_home(pristine_home, tmp_path / "home")
+    with running(home) as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
+        assert put(http, [{"id": i, "text": t} for i, t in claims[:10]]).status_code == 202
+    before = store.list_versions(coll_dir(home))
+    registry = open_registry(redis_url=None, index_root=home / "indexes")
+    state_before = registry.get("scifact").as_dict()
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "fold", "--collection", "scifact"], cwd=ROOT,
+                            env=fold_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    seen = None
+    deadline = time.monotonic() + 240
+    while seen is None and proc.poll() is None and time.monotonic() < deadline:
+        seen = next((p.name for p in coll_dir(home).glob(".tmp-*") if p.is_dir()), None)
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert seen is not None, "the fold finished (or never wrote) before it could be killed mid-write"
+    assert store.list_versions(coll_dir(home)) == before  # no half-written version is visible
+    assert registry.get("scifact").as_dict() == state_before
+    assert (coll_dir(home) / seen).exists()  # its draft is left ...
+
+    report = fold(home)
+    assert report["folded"] and report["folded_seq"] == 1
+    assert not (coll_dir(home) / seen).exists()  # ... and cleaned by the next fold
+    assert store.list_versions(coll_dir(home)) == sorted(before + [report["version"]])
+    assert registry.get("scifact").candidates[-1] == report["version"]
+    registry.close()
+
+
+def test_fold_refuses_bad_input(tmp_path, pristine_home):
+    r = trainer(tmp_path, "fold", "--collection", "nowhere")
+    assert r.returncode == 2 and "no live version" in r.stderr and "Traceback" not in r.stderr
+    r = trainer(pristine_home, "fold", "--collection", "scifact", "--drift-threshold", "-1")
+    assert r.returncode == 2 and "--drift-threshold" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_trainer_daemon_folds_at_its_size_threshold(pristine_home, tmp_path, claims, encoder, encoder_dir):
+    home = copy_home(pristine_home, tmp_path / "home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None, fold_min_writes=5,
+                               fold_interval_seconds=0,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    daemon = TrainerDaemon(BuildOptions(dataset=SCIFACT, collection="scifact", rotation="pca"), settings, encoder,
+                           TrainerMetrics(CollectorRegistry()))
+    log = FileWriteLog(coll_dir(home) / "wal")
+    log.append({"op": "upsert", "docs": [{"id": i, "title": "", "text": t, "fields": {}} for i, t in claims[:4]]})
+    assert daemon.maybe_fold() is None  # 4 < 5: not due
+    log.append({"op": "delete", "ids": [claims[0][0]]})
+    log.close()
+    with threadpool_limits(limits=1):
+        version = daemon.maybe_fold()
+    assert version is not None and store.read_live_pointer(coll_dir(home)) == version  # promoted (no gate set)
+    assert read_manifest(coll_dir(home) / version).writes.folded_seq == 2
+    assert daemon.metrics.folds.labels("success")._value.get() == 1
+    assert daemon.maybe_fold() is None  # nothing pending any more
+
+
+def test_a_drift_beyond_the_threshold_refits(pristine_home, tmp_path, claims, encoder, encoder_dir):
+    home = copy_home(pristine_home, tmp_path / "home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    train = load_qrels(SCIFACT, "train")
+    gone = sorted({d for j in list(train.values())[:3] for d, g in j.items() if g > 0})  # every positive of 3 queries
+    log = FileWriteLog(coll_dir(home) / "wal")
+    log.append({"op": "upsert", "docs": [{"id": i, "title": "", "text": t, "fields": {}} for i, t in claims[:3]]})
+    log.append({"op": "delete", "ids": gone})
+    log.close()
+    with threadpool_limits(limits=1):
+        report = fold_collection(settings, encoder, "scifact", drift_threshold=-1.0)  # any difference is drift
+    assert report["folded"] and report["fitting"] == "refitted" and report["drift"]["exceeded"]
+    m = read_manifest(coll_dir(home) / report["version"])
+    assert m.writes.fitting == "refitted" and m.writes.folded_seq == 2 and m.router.pairs and m.recall_policy
+    assert not set(gone) & set(json.loads((coll_dir(home) / report["version"] / "doc_ids.json").read_text()))
