@@ -62,7 +62,7 @@ def test_queries(encoder):
 
 def test_build_and_load_round_trip(ann_build):
     path, m = ann_build
-    assert m.schema_version == SCHEMA_VERSION == 4
+    assert m.schema_version == SCHEMA_VERSION == 5
     assert m.ann is not None and m.ann.kind == "hnsw" and m.ann.faiss_class == "IndexHNSWFlat"
     assert m.ann.file in m.files and m.files[m.ann.file].size_bytes == (path / m.ann.file).stat().st_size
     assert m.ann.params["M"] == 32 and m.ann.params["ef_construction"] == 80 and m.ann.effort_name == "efSearch"
