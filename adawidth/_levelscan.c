@@ -225,6 +225,7 @@ static int64_t prune_generic(const float *tl, int64_t n, float a, float c, float
 
 #if LV_X86
 static int32_t COMPACT_LUT[256][8]; /* for mask m: the indices of its set bits, in order */
+static const int32_t IOTA16[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 static void init_compact_lut(void) {
     for (int m = 0; m < 256; m++) {
@@ -235,83 +236,66 @@ static void init_compact_lut(void) {
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static int64_t filter_avx2(const float *ps, const float *t, int64_t nb,
-                                                                    float a, float c, float b, float tau,
-                                                                    int32_t row0, int32_t *rows, float *p) {
-    const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c), vb = _mm256_set1_ps(b), vt = _mm256_set1_ps(tau);
-    __m256i vrow = _mm256_add_epi32(_mm256_set1_epi32(row0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i v8 = _mm256_set1_epi32(8);
-    int64_t n = 0, i = 0;
-    for (; i + 8 <= nb; i += 8) {
-        const __m256 v = _mm256_loadu_ps(ps + i);
-        const __m256 ub = _mm256_add_ps(_mm256_add_ps(v, _mm256_min_ps(_mm256_mul_ps(va, _mm256_loadu_ps(t + i)), vc)), vb);
-        const int m = _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ));
-        const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[m]);
-        _mm256_storeu_si256((__m256i *)(rows + n), _mm256_permutevar8x32_epi32(vrow, perm));
-        _mm256_storeu_ps(p + n, _mm256_permutevar8x32_ps(v, perm));
-        n += __builtin_popcount((unsigned)m);
-        vrow = _mm256_add_epi32(vrow, v8);
+/* The SIMD bound of the filter and the prune, one instantiation an instruction set.  Per ISA: VF/VI (float and
+ * int vectors of W lanes), MASK_T and MASK_OF (the lanes whose bound reaches tau), COMPACT_PREP (what the
+ * compaction of a mask needs: AVX2 a permutation from COMPACT_LUT, AVX-512 nothing) and the compacting stores
+ * STORE_I / STORE_F (the kept lanes, in order, at dst); the scalar tail is filter_from / prune_from. */
+#define DEFINE_FILTER_PRUNE(ISA, TARGET, VF, VI, W, SET1, SET1I, ADD, ADDI, MIN, MUL, LOADF, LOADI, GATHER,        \
+                            MASK_T, MASK_OF, COMPACT_PREP, STORE_I, STORE_F)                                     \
+    TARGET static int64_t filter_##ISA(const float *ps, const float *t, int64_t nb, float a, float c, float b,     \
+                                       float tau, int32_t row0, int32_t *rows, float *p) {                       \
+        const VF va = SET1(a), vc = SET1(c), vb = SET1(b), vt = SET1(tau);                                        \
+        VI vrow = ADDI(SET1I(row0), LOADI((const void *)IOTA16));                                                 \
+        const VI vw = SET1I(W);                                                                                   \
+        int64_t n = 0, i = 0;                                                                                     \
+        for (; i + (W) <= nb; i += (W)) {                                                                         \
+            const VF v = LOADF(ps + i);                                                                           \
+            const VF ub = ADD(ADD(v, MIN(MUL(va, LOADF(t + i)), vc)), vb);                                        \
+            const MASK_T k = MASK_OF(ub, vt);                                                                     \
+            COMPACT_PREP(k);                                                                                      \
+            STORE_I(rows + n, k, vrow);                                                                           \
+            STORE_F(p + n, k, v);                                                                                 \
+            n += __builtin_popcount((unsigned)k);                                                                 \
+            vrow = ADDI(vrow, vw);                                                                                \
+        }                                                                                                         \
+        return filter_from(i, ps, t, nb, a, c, b, tau, row0, rows, p, n);                                         \
+    }                                                                                                             \
+    TARGET static int64_t prune_##ISA(const float *tl, int64_t n, float a, float c, float b, float tau,            \
+                                      int32_t *rows, float *p, float *rest) {                                     \
+        const VF va = SET1(a), vc = SET1(c), vb = SET1(b), vt = SET1(tau);                                        \
+        int64_t m = 0, i = 0;                                                                                     \
+        for (; i + (W) <= n; i += (W)) {                                                                          \
+            const VI idx = LOADI((const void *)(rows + i));                                                       \
+            const VF v = LOADF(p + i), r = LOADF(rest + i);                                                       \
+            const VF ub = ADD(ADD(v, MIN(MUL(va, GATHER(tl, idx)), vc)), vb);                                     \
+            const MASK_T k = MASK_OF(ub, vt);                                                                     \
+            COMPACT_PREP(k);                                                                                      \
+            STORE_I(rows + m, k, idx);                                                                            \
+            STORE_F(p + m, k, v);                                                                                 \
+            STORE_F(rest + m, k, r);                                                                              \
+            m += __builtin_popcount((unsigned)k);                                                                 \
+        }                                                                                                         \
+        return prune_from(i, tl, n, a, c, b, tau, rows, p, rest, m);                                              \
     }
-    return filter_from(i, ps, t, nb, a, c, b, tau, row0, rows, p, n);
-}
 
-__attribute__((target("avx2,fma,f16c"))) static int64_t prune_avx2(const float *tl, int64_t n, float a, float c,
-                                                                   float b, float tau, int32_t *rows, float *p,
-                                                                   float *rest) {
-    const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c), vb = _mm256_set1_ps(b), vt = _mm256_set1_ps(tau);
-    int64_t m = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256i idx = _mm256_loadu_si256((const __m256i *)(rows + i));
-        const __m256 v = _mm256_loadu_ps(p + i), r = _mm256_loadu_ps(rest + i);
-        const __m256 tv = _mm256_i32gather_ps(tl, idx, 4);
-        const __m256 ub = _mm256_add_ps(_mm256_add_ps(v, _mm256_min_ps(_mm256_mul_ps(va, tv), vc)), vb);
-        const int k = _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ));
-        const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[k]);
-        _mm256_storeu_si256((__m256i *)(rows + m), _mm256_permutevar8x32_epi32(idx, perm));
-        _mm256_storeu_ps(p + m, _mm256_permutevar8x32_ps(v, perm));
-        _mm256_storeu_ps(rest + m, _mm256_permutevar8x32_ps(r, perm));
-        m += __builtin_popcount((unsigned)k);
-    }
-    return prune_from(i, tl, n, a, c, b, tau, rows, p, rest, m);
-}
+#define NO_PREP(k) (void)0
+#define AVX2_GATHER(tl, idx) _mm256_i32gather_ps(tl, idx, 4)
+#define AVX2_MASK_OF(ub, vt) _mm256_movemask_ps(_mm256_cmp_ps(ub, vt, _CMP_GE_OQ))
+#define AVX2_PREP(k) const __m256i perm = _mm256_loadu_si256((const __m256i *)COMPACT_LUT[k])
+#define AVX2_STORE_I(dst, k, x) _mm256_storeu_si256((__m256i *)(dst), _mm256_permutevar8x32_epi32(x, perm))
+#define AVX2_STORE_F(dst, k, x) _mm256_storeu_ps(dst, _mm256_permutevar8x32_ps(x, perm))
+DEFINE_FILTER_PRUNE(avx2, AVX2, __m256, __m256i, 8, _mm256_set1_ps, _mm256_set1_epi32, _mm256_add_ps, _mm256_add_epi32,
+                    _mm256_min_ps, _mm256_mul_ps, _mm256_loadu_ps, _mm256_loadu_si256, AVX2_GATHER, int,
+                    AVX2_MASK_OF, AVX2_PREP, AVX2_STORE_I, AVX2_STORE_F)
 
-__attribute__((target("avx512f"))) static int64_t filter_avx512(const float *ps, const float *t, int64_t nb, float a,
-                                                                float c, float b, float tau, int32_t row0,
-                                                                int32_t *rows, float *p) {
-    const __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vt = _mm512_set1_ps(tau);
-    __m512i vrow = _mm512_add_epi32(_mm512_set1_epi32(row0),
-                                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m512i v16 = _mm512_set1_epi32(16);
-    int64_t n = 0, i = 0;
-    for (; i + 16 <= nb; i += 16) {
-        const __m512 v = _mm512_loadu_ps(ps + i);
-        const __m512 ub = _mm512_add_ps(_mm512_add_ps(v, _mm512_min_ps(_mm512_mul_ps(va, _mm512_loadu_ps(t + i)), vc)), vb);
-        const __mmask16 k = _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ);
-        _mm512_storeu_si512((void *)(rows + n), _mm512_maskz_compress_epi32(k, vrow));
-        _mm512_storeu_ps(p + n, _mm512_maskz_compress_ps(k, v));
-        n += __builtin_popcount((unsigned)k);
-        vrow = _mm512_add_epi32(vrow, v16);
-    }
-    return filter_from(i, ps, t, nb, a, c, b, tau, row0, rows, p, n);
-}
-
-__attribute__((target("avx512f"))) static int64_t prune_avx512(const float *tl, int64_t n, float a, float c, float b,
-                                                               float tau, int32_t *rows, float *p, float *rest) {
-    const __m512 va = _mm512_set1_ps(a), vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b), vt = _mm512_set1_ps(tau);
-    int64_t m = 0, i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512i idx = _mm512_loadu_si512((const void *)(rows + i));
-        const __m512 v = _mm512_loadu_ps(p + i), r = _mm512_loadu_ps(rest + i);
-        const __m512 tv = _mm512_i32gather_ps(idx, tl, 4);
-        const __m512 ub = _mm512_add_ps(_mm512_add_ps(v, _mm512_min_ps(_mm512_mul_ps(va, tv), vc)), vb);
-        const __mmask16 k = _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ);
-        _mm512_storeu_si512((void *)(rows + m), _mm512_maskz_compress_epi32(k, idx));
-        _mm512_storeu_ps(p + m, _mm512_maskz_compress_ps(k, v));
-        _mm512_storeu_ps(rest + m, _mm512_maskz_compress_ps(k, r));
-        m += __builtin_popcount((unsigned)k);
-    }
-    return prune_from(i, tl, n, a, c, b, tau, rows, p, rest, m);
-}
+/* AVX-512 compacts with compress stores (no permutation to prepare) */
+#define AVX512_GATHER(tl, idx) _mm512_i32gather_ps(idx, tl, 4)
+#define AVX512_MASK_OF(ub, vt) _mm512_cmp_ps_mask(ub, vt, _CMP_GE_OQ)
+#define AVX512_STORE_I(dst, k, x) _mm512_storeu_si512((void *)(dst), _mm512_maskz_compress_epi32(k, x))
+#define AVX512_STORE_F(dst, k, x) _mm512_storeu_ps(dst, _mm512_maskz_compress_ps(k, x))
+DEFINE_FILTER_PRUNE(avx512, AVX512, __m512, __m512i, 16, _mm512_set1_ps, _mm512_set1_epi32, _mm512_add_ps,
+                    _mm512_add_epi32, _mm512_min_ps, _mm512_mul_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+                    AVX512_GATHER, __mmask16, AVX512_MASK_OF, NO_PREP, AVX512_STORE_I, AVX512_STORE_F)
 #endif
 
 /* ---- the first pass over several float16 levels: one accumulator per row across the levels ----
@@ -368,14 +352,16 @@ static filter_fn FILTER = filter_generic;
 static prune_fn PRUNE = prune_generic;
 static const char *ISA = "generic";
 
+/* Point the kernels at one instruction set's variants. */
+#define USE_ISA(X)                                                                                                 \
+    do {                                                                                                           \
+        DOT32 = dot32_##X, DOT16 = dot16_##X, MULTI16 = multi16_##X, FILTER = filter_##X, PRUNE = prune_##X;     \
+        ISA = #X;                                                                                                  \
+    } while (0)
+
 /* The SIMD variant: want NULL = the best available; "generic", "avx2" or "avx512" = at most that one. */
 static void select_isa(const char *want) {
-    DOT32 = dot32_generic;
-    DOT16 = dot16_generic;
-    MULTI16 = multi16_generic;
-    FILTER = filter_generic;
-    PRUNE = prune_generic;
-    ISA = "generic";
+    USE_ISA(generic);
 #if LV_X86
     __builtin_cpu_init();
     init_compact_lut();
@@ -383,19 +369,9 @@ static void select_isa(const char *want) {
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (want && strcmp(want, "generic") == 0) return;
     if (has512 && (!want || strcmp(want, "avx512") == 0)) {
-        DOT32 = dot32_avx512;
-        DOT16 = dot16_avx512;
-        MULTI16 = multi16_avx512;
-        FILTER = filter_avx512;
-        PRUNE = prune_avx512;
-        ISA = "avx512";
+        USE_ISA(avx512);
     } else if (has2) {
-        DOT32 = dot32_avx2;
-        DOT16 = dot16_avx2;
-        MULTI16 = multi16_avx2;
-        FILTER = filter_avx2;
-        PRUNE = prune_avx2;
-        ISA = "avx2";
+        USE_ISA(avx2);
     }
 #else
     (void)want;
@@ -505,6 +481,23 @@ static void exact_scores(const Ctx *c, const int32_t *rows, int64_t n, float *ou
         for (int64_t i = 0; i < n; i++) rest[i] += tmp[i];
     }
     finish_scores(c, rows, n, rest, out, tmp);
+}
+
+/* Exact scores of the rows of entries e[0..n): a new array of n floats (the caller frees it), or NULL when out of
+ * memory. */
+static float *exact_of_entries(const Ctx *c, const Ent *e, int64_t n) {
+    float *ex = malloc(sizeof(float) * (size_t)(n + 1));
+    int32_t *rows = malloc((sizeof(int32_t) + 2 * sizeof(float)) * (size_t)(n + 1)); /* rows, then 2 scratch */
+    if (ex && rows) {
+        float *tmp = (float *)(rows + n + 1), *rest = tmp + n + 1;
+        for (int64_t i = 0; i < n; i++) rows[i] = e[i].r;
+        exact_scores(c, rows, n, ex, rest, tmp);
+    } else {
+        free(ex);
+        ex = NULL;
+    }
+    free(rows);
+    return ex;
 }
 
 /* Positions [p0, p1) of the concatenated ranges, piece by piece (each piece inside one range). */
@@ -952,8 +945,7 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
                           &sexact_o))
         return NULL;
     Views v = {.n = 0};
-    Ctx c;
-    memset(&c, 0, sizeof c);
+    Ctx c = {0};
     PyObject *result = NULL;
     First *fs = NULL;
     Ent *all = NULL;
@@ -1003,12 +995,8 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
     qsort(all, (size_t)m, sizeof(Ent), ent_better_first);
     n_found = m < n_seed ? m : n_seed;
     if (!failed && n_found > 0) {
-        int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_found);
-        float *ex = malloc(sizeof(float) * (size_t)n_found), *tmp = malloc(sizeof(float) * (size_t)n_found);
-        float *rs = malloc(sizeof(float) * (size_t)n_found);
-        if (rows && ex && tmp && rs) {
-            for (int64_t i = 0; i < n_found; i++) rows[i] = all[i].r;
-            exact_scores(&c, rows, n_found, ex, rs, tmp);
+        float *ex = exact_of_entries(&c, all, n_found);
+        if (ex) {
             for (int64_t i = 0; i < n_found; i++) {
                 seed_rows[i] = all[i].r;
                 seed_part[i] = all[i].s;
@@ -1018,10 +1006,7 @@ static PyObject *py_scan_first(PyObject *self, PyObject *args) {
         } else {
             failed = 1;
         }
-        free(rows);
         free(ex);
-        free(tmp);
-        free(rs);
     }
     Py_END_ALLOW_THREADS;
     if (failed) {
@@ -1056,8 +1041,7 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
                           &sexact_o, &k, &stop_level, &rescore, &threads, &rows_o, &scores_o, &alive_o))
         return NULL;
     Views v = {.n = 0};
-    Ctx c;
-    memset(&c, 0, sizeof c);
+    Ctx c = {0};
     PyObject *result = NULL;
     Rest *rs = NULL;
     Ent *cand = NULL, *heap_mem = NULL, *part_mem = NULL, *seed_heap = NULL;
@@ -1174,24 +1158,17 @@ static PyObject *py_scan_rest(PyObject *self, PyObject *args) {
             for (int64_t i = 0; i < rs[t].partial.n; i++) part_mem[np++] = rs[t].partial.e[i];
         qsort(part_mem, (size_t)np, sizeof(Ent), ent_better_first);
         if (np > rescore) np = rescore;
-        int32_t *rr = malloc(sizeof(int32_t) * (size_t)(np + 1));
-        float *ex = malloc(sizeof(float) * (size_t)(np + 1)), *tmp = malloc(sizeof(float) * (size_t)(np + 1));
-        float *rs = malloc(sizeof(float) * (size_t)(np + 1));
-        if (rr && ex && tmp && rs) {
-            for (int64_t i = 0; i < np; i++) rr[i] = part_mem[i].r;
-            exact_scores(&c, rr, np, ex, rs, tmp);
+        float *ex = exact_of_entries(&c, part_mem, np);
+        if (ex) {
             for (int64_t i = 0; i < np; i++) {
-                Ent e = {ex[i], rr[i]};
+                Ent e = {ex[i], part_mem[i].r};
                 cand[m++] = e;
             }
             coords += np * c.D;
         } else {
             failed = 1;
         }
-        free(rr);
         free(ex);
-        free(tmp);
-        free(rs);
     }
     if (!failed) {
         /* a seed sits in every thread's heap too: copies of one row carry one score, so they are adjacent */
