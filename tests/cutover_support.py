@@ -22,9 +22,10 @@ import redis
 
 from adawidth_client import Client, NotReadyError, ServerExited
 from engine.index import IndexVersion
+from engine.io.beir import load_collection
 from engine.pipeline import Pipeline
 from engine.plan import SearchSpec
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, SCIFACT, free_port
 
 ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
 
@@ -86,6 +87,12 @@ class Gateway:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def judged_test_queries(n: int) -> list[str]:
+    """The texts of the first ``n`` judged SciFact test queries (by query id): a cutover test's load."""
+    col = load_collection(SCIFACT, "test")
+    return [col.queries[q] for q in sorted(col.judged_queries())][:n]
 
 
 def gateway_env(home: Path, redis_url: str | None, **extra) -> dict:

@@ -14,7 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.encoder import OnnxEncoder
-from engine.io.beir import load_collection
 from engine.pipeline import Pipeline
 from engine.plan import SearchSpec
 from engine.registry.file import FileRegistry
@@ -22,8 +21,8 @@ from engine.version import store
 from service.metrics import CutoverMetrics, GatewayMetrics
 from service.version_manager import VersionManager
 from tests.conftest import ROOT, SCIFACT, VAR, make_cutover_home
-from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways, trainer_cli,
-                                   wait_converged)
+from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, judged_test_queries, metric, readyz,
+                                   start_gateways, trainer_cli, wait_converged)
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 
@@ -63,8 +62,7 @@ def gateway(file_home):
 
 @pytest.fixture(scope="module")
 def queries():
-    col = load_collection(SCIFACT, "test")
-    return [col.queries[q] for q in sorted(col.judged_queries())][:30]
+    return judged_test_queries(30)
 
 
 def test_file_registry_promote_and_rollback_under_load(file_home, gateway, queries, scifact_version, pca_version,

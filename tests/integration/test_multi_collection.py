@@ -14,10 +14,10 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from engine.encoder import OnnxEncoder
-from engine.io.beir import load_collection
 from engine.registry.file import FileRegistry
 from tests.conftest import SCIFACT, VAR
-from tests.cutover_support import ADMIN_KEY, LoadGenerator, check_offline, metric, readyz, start_gateways, trainer_cli
+from tests.cutover_support import (ADMIN_KEY, LoadGenerator, check_offline, judged_test_queries, metric, readyz,
+                                   start_gateways, trainer_cli)
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 
@@ -75,8 +75,7 @@ def gateway(multi_home):
 
 @pytest.fixture(scope="module")
 def queries():
-    col = load_collection(SCIFACT, "test")
-    return [col.queries[q] for q in sorted(col.judged_queries())][:20]
+    return judged_test_queries(20)
 
 
 def live_of(url: str) -> dict[str, str | None]:
@@ -102,6 +101,24 @@ def versions_between(outcomes, start: float, end: float) -> list[str]:
     """Versions of the answers sent after ``start`` and received before ``end`` (unix times)."""
     return [o.version for o in outcomes if o.started_at > start and o.done_at < end]
 
+
+
+def keep_serving(first: LoadGenerator, second: LoadGenerator, n_first: int = 60, n_second: int = 30) -> None:
+    """Wait until ``first`` has answered ``n_first`` more requests and ``second`` ``n_second`` more."""
+    a, b = first.count, second.count
+    first.wait_for(a + n_first)
+    second.wait_for(b + n_second)
+
+
+def publish_and_promote(home, reg, url: str, name: str, new: str, old: str) -> float:
+    """Publish and promote ``new`` of collection ``name`` through the trainer CLI (live ``new``, previous ``old``
+    in its registry entry); the time the gateway was first seen serving it."""
+    for args in (("publish", name, new), ("promote", name, new, "--require-warm", "1", "--wait-s", "120")):
+        r = trainer_cli(home, None, *args)
+        assert r.returncode == 0, r.stderr
+    promoted = reg.get(name)
+    assert (promoted.live, promoted.previous) == (new, old)
+    return wait_live(url, name, new)
 
 def test_two_collections_switch_independently_under_load(multi_home, gateway, queries, encoder_dir):
     home, versions = multi_home
@@ -137,19 +154,11 @@ def test_two_collections_switch_independently_under_load(multi_home, gateway, qu
         b_before = reg.get(B)
 
         # -- A: promote a2 (trainer CLI), then roll back (admin API: the default collection) ----------------
-        r = trainer_cli(home, None, "publish", A, a2)
-        assert r.returncode == 0, r.stderr
-        r = trainer_cli(home, None, "promote", A, a2, "--require-warm", "1", "--wait-s", "120")
-        assert r.returncode == 0, r.stderr
-        a_promoted = reg.get(A)
-        assert (a_promoted.live, a_promoted.previous) == (a2, a1)
-        a_promote_seen = wait_live(url, A, a2)
+        a_promote_seen = publish_and_promote(home, reg, url, A, a2, a1)
         assert live_of(url)[B] == b1
         assert metric(url, "adawidth_live_version_info", collection=B, version=b1) == 1
         assert metric(url, "adawidth_live_version_info", collection=A, version=a1) == 0  # A's old series only
-        n_a, n_b = load_a.count, load_b.count
-        load_a.wait_for(n_a + 60)
-        load_b.wait_for(n_b + 30)
+        keep_serving(load_a, load_b)
         r = httpx.post(f"{url}/admin/rollback", json={"reason": "multi-collection test"}, headers=ADMIN, timeout=60)
         assert r.status_code == 200, r.text
         a_rolled = r.json()["state"]
@@ -157,24 +166,14 @@ def test_two_collections_switch_independently_under_load(multi_home, gateway, qu
         a_rollback_seen = wait_live(url, A, a1)
         assert live_of(url) == {A: a1, B: b1}
         assert reg.get(B) == b_before  # B's registry entry was never touched by A's switches
-        n_a, n_b = load_a.count, load_b.count
-        load_a.wait_for(n_a + 60)
-        load_b.wait_for(n_b + 30)
+        keep_serving(load_a, load_b)
         a_before = reg.get(A)
         a_phase_end = time.time()
 
         # -- B: promote b2, then roll back (trainer CLI: B is not the admin API's default collection) -------
-        r = trainer_cli(home, None, "publish", B, b2)
-        assert r.returncode == 0, r.stderr
-        r = trainer_cli(home, None, "promote", B, b2, "--require-warm", "1", "--wait-s", "120")
-        assert r.returncode == 0, r.stderr
-        b_promoted = reg.get(B)
-        assert (b_promoted.live, b_promoted.previous) == (b2, b1)
-        b_promote_seen = wait_live(url, B, b2)
+        b_promote_seen = publish_and_promote(home, reg, url, B, b2, b1)
         assert live_of(url)[A] == a1
-        n_a, n_b = load_a.count, load_b.count
-        load_b.wait_for(n_b + 60)
-        load_a.wait_for(n_a + 30)
+        keep_serving(load_b, load_a)
         r = trainer_cli(home, None, "rollback", B, "--reason", "multi-collection test")
         assert r.returncode == 0, r.stderr
         b_rolled = reg.get(B)
@@ -182,9 +181,7 @@ def test_two_collections_switch_independently_under_load(multi_home, gateway, qu
         b_rollback_seen = wait_live(url, B, b1)
         assert live_of(url) == {A: a1, B: b1}
         assert reg.get(A) == a_before  # A's registry entry was never touched by B's switches
-        n_a, n_b = load_a.count, load_b.count
-        load_b.wait_for(n_b + 60)
-        load_a.wait_for(n_a + 30)
+        keep_serving(load_b, load_a)
     finally:
         load_a.stop()
         load_b.stop()
