@@ -21,4 +21,4 @@ def reach(plan: Plan, version) -> int:
 
 def rotate(plan: Plan, version, embedding: np.ndarray) -> np.ndarray:
     """``R[:w] @ q``: embedding (D,) float32 unit norm -> (w,) float32, w = :func:`reach` (costs D·w)."""
-    return (version.rotation[:reach(plan, version)] @ embedding).astype(np.float32)
+    return np.asarray(version.rotation[:reach(plan, version)] @ embedding, dtype=np.float32)  # (no copy if float32)

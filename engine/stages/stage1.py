@@ -111,7 +111,7 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         return c
     if plan.policy == "exact" and (getattr(version, "levels", None) is None or N < version.level_scan_min_docs):
         rows, top = version.stage1.full(query, plan.depth, allowed)
-        c = c.ranked(rows, top, version.dimension)
+        c.rows, c.scores, c.width = rows, top, version.dimension
         c.work["stage1"] = N * version.dimension
         c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
         return c
