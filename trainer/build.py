@@ -17,7 +17,10 @@ Steps (each logged with its duration):
    version, or any with ``promote``, is promoted at once).
 
 A build holds the collection's build lock (:func:`engine.version.store.build_lock`) and first removes the
-stale ``.tmp-*`` drafts a killed build left.
+stale ``.tmp-*`` drafts a killed build left.  Once the corpus is read it refuses to go on when the new version
+would not fit on the index volume (:func:`trainer.retention.check_build_disk`: a
+:class:`engine.version.retention.DiskSpaceError`), and after publishing it applies the version retention rule
+(:func:`trainer.retention.run_retention`, :mod:`engine.version.retention`).
 
 **Reuse (a fold, issue 18).**  With ``reuse_from`` (a version directory) and ``documents`` (the corpus to
 index instead of the dataset's: :mod:`trainer.fold`), the expensive fitting steps are skipped: the rotation,
@@ -39,6 +42,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +82,7 @@ from trainer.embed_cache import EmbeddingCache, encode_with_cache
 from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_report, score_rankings
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
+from trainer.retention import check_build_disk, retention_after_build
 from trainer.recall_fit import calibration_report, concat_tables, fit_recall_policy, recall_table
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
@@ -130,6 +135,8 @@ class BuildOptions:
     reuse_from: Path | None = None         # a version whose rotation, routers, recall policy, level layout are reused
     writes: dict | None = None             # the manifest's writes section (folded_seq, base_version, base_folded_seq)
     drift_threshold: float = 0.05          # reuse: refit when the online-CUS agreement moves more than this
+    free_bytes: Callable[[Path], int] | None = None  # free bytes of the index volume (default shutil.disk_usage)
+    retention: bool = True                 # apply version retention after publishing (trainer.retention)
 
 
 class _Timer:
@@ -379,6 +386,12 @@ def _skip_empty_documents(ctx: BuildContext) -> None:
         raise DatasetFormatError(Path(ctx.opts.dataset) / "corpus.jsonl", None, "every document is empty")
     gone = set(empty)
     ctx.col.corpus = [d for d in ctx.col.corpus if d.doc_id not in gone]
+
+
+def _check_disk(ctx: BuildContext) -> None:
+    """Refuse a build whose version would not fit on the index volume (:func:`trainer.retention.check_build_disk`)."""
+    needed = check_build_disk(ctx.settings, ctx.name, len(ctx.doc_ids), ctx.encoder.dimension, ctx.opts.free_bytes)
+    log.info("disk check: the new version needs about %d bytes", needed)
 
 
 def _encode(ctx: BuildContext) -> None:
@@ -836,11 +849,16 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
         engine.ann.MemoryBudgetError: the stage-1 backend does not fit ``settings.memory_budget_bytes`` (a
             ValueError naming the bytes needed; raised before encoding).
         engine.scorers.CrossEncoderNotFoundError: ``tiers`` without a cross-encoder export.
+        engine.version.retention.DiskSpaceError: the new version would not fit on the index volume (a
+            ValueError naming the bytes needed and free; raised before encoding).
     """
     _check_options(opts, settings, encoder.dimension)
     name = opts.collection or Path(opts.dataset).name
     with build_lock(Path(settings.index_root) / name):
-        return _build_locked(opts, settings, encoder)
+        path, manifest = _build_locked(opts, settings, encoder)
+        if opts.retention and (opts.publish or opts.promote):
+            retention_after_build(settings, name)
+        return path, manifest
 
 
 def _build_locked(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
@@ -869,7 +887,7 @@ def _build_refit(opts: BuildOptions, settings, encoder, drift: dict) -> tuple[Pa
     return _write_and_publish(ctx)
 
 
-_STEPS = (_read_dataset, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
+_STEPS = (_read_dataset, _check_disk, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
           _difficulty_head, _funnel_policy, _evaluation_and_capacity)
 """The steps of a build, in order (module docstring)."""
 

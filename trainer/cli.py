@@ -11,6 +11,8 @@ Commands:
   status           registry state, history and replica reports (JSON)
   fold             fold the collection's pending writes (write-ahead log) into a new version, reusing the
                    live version's rotation, routers and recall policy (docs/LIVE_DOCUMENTS.md)
+  retention        delete old versions of a collection: keep live, previous, candidates, the newest
+                   keep_versions and every version a replica leases (JSON; --dry-run deletes nothing)
   serve            long-lived: rebuild and publish when the dataset changes, fold pending writes;
                    /metrics with capacity gauges
   encode           encode a corpus with Ray Data into parquet shards (build --embeddings reads them)
@@ -38,13 +40,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from engine.encoder import OnnxEncoder
 from engine.io.beir import DatasetFormatError
-from engine.registry.state import RegistryError
+from engine.registry.state import RegistryError, RegistryUnavailable, check_version_name
 from engine.version.manifest import IndexVersionError
 from engine.version.store import BuildLocked
 from engine.wal import WalError
 from trainer import data_cli, registry_cli, scale_cli
 from trainer.config import TrainerSettings
 from trainer.export_onnx import export_encoder
+from trainer.retention import run_retention
 
 ANN_CHOICES = ("none", "auto", "ivf", "hnsw", "ivf_panorama", "hnsw_panorama")
 """``build --ann`` values: :data:`engine.ann.BACKEND_CHOICES`, spelled out so the CLI starts without faiss
@@ -84,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="refit instead of reusing when the online-CUS agreement moves more than this "
                         "(default: setting fold_drift_threshold)")
 
+    rt = sub.add_parser("retention", help="delete old versions (keep live, previous, candidates, the newest "
+                        "keep_versions, leased); JSON report")
+    rt.add_argument("--collection", required=True)
+    rt.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+
     sv = sub.add_parser("serve", help="rebuild on data change and export capacity gauges on /metrics",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _build_arguments(sv)
@@ -109,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "fold":
         return _fold(args, settings)
+    if args.command == "retention":
+        return _retention(args, settings)
     if args.command in ("build", "serve"):
         from trainer.build import BuildOptions, build_index
 
@@ -153,6 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in data_cli.COMMANDS:
         return data_cli.run(args, settings)
     return 1
+
+
+def _retention(args, settings) -> int:
+    """``trainer retention``: apply (or with ``--dry-run`` only report) the retention rule; prints the report as
+    JSON (exit 2: bad collection name or registry refusal, 3: registry unreachable)."""
+    try:
+        check_version_name(args.collection)
+        report = run_retention(settings, args.collection, dry_run=args.dry_run)
+    except RegistryUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except RegistryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
 
 
 def _fold(args, settings) -> int:

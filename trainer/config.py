@@ -47,6 +47,15 @@ class TrainerSettings(BaseSettings):
     fold_drift_threshold: float = Field(0.05, ge=0, description="A fold refits (rotation, routers, recall policy) "
                                         "instead of reusing them when the online-CUS agreement moves more than this.")
 
+    keep_versions: int = Field(3, ge=1, description="Version retention: besides the live, previous, candidate and "
+                               "leased versions, keep this many of the newest versions of a collection; older ones "
+                               "are deleted after every build and fold (docs/LIVE_DOCUMENTS.md).")
+    lease_fresh_seconds: float = Field(60.0, gt=0, description="A replica report younger than this leases the "
+                                       "versions it names as live or warm: retention never deletes them.")
+    disk_margin_bytes: int = Field(512 * 1024 * 1024, ge=0, description="Bytes a build or fold leaves free on the "
+                                   "index volume: one whose estimated version does not fit in the free bytes less "
+                                   "this is refused before it starts (exit 2).")
+
     def resolved(self) -> "TrainerSettings":
         """A copy with every default path filled in under ``home`` (:func:`engine.home.home_defaults`)."""
         return with_home_defaults(self, ("index_root", "encoder_dir", "embedding_cache", "milvus_uri"))

@@ -18,6 +18,9 @@
    which happened.
 5. The version is written atomically and published as a candidate; ``--promote`` promotes it through the
    quality gate (:func:`trainer.registry_cli.promote_with_gate`), the normal blue/green path.
+6. Version retention (:func:`trainer.retention.run_retention`) runs after publishing and again after the
+   promotion; the report's ``retention`` says what was kept and deleted.  A fold that would not fit on the
+   disk is refused before encoding (:class:`engine.version.retention.DiskSpaceError`, exit 2).
 
 When it goes live, the gateway drops the delta-segment entries with ``seq <= S`` (deploy/CUTOVER.md).
 Versions built with CARS, the DART difficulty head, the funnel policy or an ANN first stage are not folded yet
@@ -39,6 +42,7 @@ from engine.version.manifest import Manifest, read_manifest
 from engine.wal import read_log
 from trainer.build import DEFAULT_PAIRS, BuildOptions, build_index
 from trainer.registry_cli import promote_with_gate
+from trainer.retention import retention_after_build
 
 log = logging.getLogger(__name__)
 
@@ -207,4 +211,6 @@ def fold_collection(settings, encoder, collection: str, *, promote: bool = False
         finally:
             registry.close()
         report.update(promoted=promoted, gate=gate)
+    # the promotion moved live and previous: the retention rule runs again on the new state
+    report["retention"] = retention_after_build(settings, collection)
     return report

@@ -39,6 +39,8 @@ adawidth_trainer_last_success_timestamp_seconds   unix time of the last successf
 adawidth_trainer_polls_total                      dataset fingerprint checks
 adawidth_trainer_folds_total{outcome}             folds, outcome = success | failure | refused (gate)
 adawidth_trainer_pending_writes                   documents written after the live version's folded seq
+adawidth_index_bytes_on_disk{collection}          bytes of the collection's version directories, set after
+                                                  every build, fold and retention (and every poll)
 ================================================  ==================================================
 """
 
@@ -56,6 +58,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from adawidth.capacity import REGIME_CODE
 from engine.version import store
 from engine.version.manifest import IndexVersionError, Manifest, read_manifest
+from engine.version.retention import collection_bytes
 from trainer.build import build_index, dataset_fingerprint
 from trainer.fold import FoldError, fold_collection, pending_writes
 
@@ -109,7 +112,15 @@ class TrainerMetrics:
             self.folds.labels(outcome)
         self.pending_writes = Gauge("adawidth_trainer_pending_writes", "Documents written (upserted or deleted "
                                     "ids) after the live version's folded sequence number.", registry=registry)
+        self.index_bytes = Gauge("adawidth_index_bytes_on_disk", "Bytes of a collection's index version "
+                                 "directories on disk (after version retention).", ["collection"], registry=registry)
         self._exported: dict[str, str] = {}  # collection -> version whose series are exported
+
+    def export_disk(self, collection: str, collection_dir: Path | str) -> int:
+        """Set ``adawidth_index_bytes_on_disk{collection}`` to the bytes of the collection's versions; returns them."""
+        n = collection_bytes(collection_dir)
+        self.index_bytes.labels(collection).set(n)
+        return n
 
     def export_version(self, collection: str, version: str, capacity: dict | None) -> None:
         """Set the capacity gauges of ``version`` and remove those of the collection's previous version."""
@@ -201,6 +212,8 @@ class TrainerDaemon:
             manifest = self.live_manifest() if built else manifest
         if manifest is not None:
             self.metrics.export_version(self.collection, manifest.version, manifest.capacity)
+        # builds and folds ran the retention rule after publishing (trainer.retention): the bytes it left
+        self.metrics.export_disk(self.collection, self.coll_dir)
         return built
 
     def maybe_fold(self) -> str | None:
