@@ -58,7 +58,7 @@ class DeltaSnapshot:
 
     def allowed(self, version) -> np.ndarray | None:
         """(N,) bool of ``version``'s rows not overridden by the segment, or None when none is (cached per
-        version object).  ``version`` needs ``doc_ids`` (N ids) and ``size``."""
+        version object).  ``version`` needs ``row_of`` (id -> row) and ``size``."""
         key = id(version)
         with self._lock:
             if key in self._masks:
@@ -66,7 +66,8 @@ class DeltaSnapshot:
         if not self.overridden:
             mask = None
         else:
-            rows = [r for r, d in enumerate(version.doc_ids) if d in self.overridden]
+            row_of = version.row_of
+            rows = [row_of[d] for d in self.overridden if d in row_of]
             mask = None
             if rows:
                 mask = np.ones(version.size, dtype=bool)

@@ -11,6 +11,8 @@ was never written (the trainer's evaluation, the benchmarks).
 
 from __future__ import annotations
 
+import functools
+
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +250,11 @@ class IndexVersion:
         if (levels is not None and recall_policy is not None) or ann is not None:
             v.manifest_default_policy = "recall"
         return v
+
+    @functools.cached_property
+    def row_of(self) -> dict[str, int]:
+        """Document id -> index row (built on first use: the versions' ids never change)."""
+        return {d: r for r, d in enumerate(self.doc_ids)}
 
     def rotate(self, embedding: np.ndarray, width: int) -> np.ndarray:
         """Leading ``width`` coordinates of ``R @ q``; embedding (D,) -> (width,) float32 (costs D × width)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
@@ -223,8 +222,6 @@ class LiveDocuments:
         self.live: dict[str, LiveCollection] = {}
         self.errors: dict[str, str] = {}
         self.pending = False  # True from the start of GatewayState.load until every log is replayed
-        self._ids: dict[int, tuple[object, dict[str, int]]] = {}
-        self._lock = threading.Lock()
 
     def wal_dir(self, name: str) -> Path:
         """``<index_root>/<collection>/wal``: the log of ``name`` on the index volume."""
@@ -305,20 +302,6 @@ class LiveDocuments:
         if live is None:
             raise ApiError("not_ready", "the gateway is not ready for writes (no encoder or version loaded)")
         return live
-
-    def rows(self, version) -> dict[str, int]:
-        """id -> row of ``version`` (cached for the last few versions)."""
-        with self._lock:
-            hit = self._ids.get(id(version))
-            if hit is not None:
-                return hit[1]
-        m = {d: r for r, d in enumerate(version.doc_ids)}
-        with self._lock:
-            if len(self._ids) >= 4:
-                self._ids.pop(next(iter(self._ids)))
-            self._ids[id(version)] = (version, m)
-        return m
-
 
 def _last_folded(index_root: Path, name: str) -> int:
     best = 0
@@ -407,7 +390,7 @@ def build_write_router(state) -> APIRouter:
         with state.collection(name).acquire() as version:
             if version is None:
                 raise ApiError("not_ready", "no index version is loaded")
-            row = state.live_docs.rows(version).get(doc_id)
+            row = version.row_of.get(doc_id)
             if row is None:
                 raise ApiError("unknown_document", "no document has that id", "id")
             texts = version.texts if version.texts is not None else (
