@@ -30,6 +30,18 @@ from tests.conftest import ROOT, SCIFACT, free_port
 ADMIN_KEY = "adm-cutover-9Xq4Lm2Vz7Rk5Tw8Hb"
 
 
+def stop_process_group(proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session``), SIGKILL it after ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 class RedisServer:
     """A redis-server of the test's own on a free port, append-only file in ``workdir`` (survives restarts)."""
 
@@ -81,12 +93,7 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc, 30)
 
 
 def judged_test_queries(n: int) -> list[str]:
@@ -328,10 +335,5 @@ class MilvusLiteServer:
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc, 20)
         self.proc = None

@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from adawidth_client import Client, ServerExited
 from engine.io.beir import load_corpus, load_qrels, load_queries
 from tests.conftest import ROOT, SCIFACT, build_home, free_port
+from tests.cutover_support import stop_process_group
 
 pytestmark = pytest.mark.integration
 
@@ -71,12 +72,7 @@ class Gateway:
         self.proc.wait(30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        stop_process_group(self.proc, 30)
 
 
 @contextmanager
