@@ -40,6 +40,13 @@ class EncoderInfo:
         return dict(self.__dict__)
 
 
+def encoder_fingerprint(encoder) -> str:
+    """``onnx_sha256|tokenizer_sha256|max_tokens`` of an encoder (``info`` and ``max_tokens`` attributes):
+    what the embedding cache mixes into every key and what a write-ahead log record names, so vectors of
+    another encoder, tokenizer or truncation are never reused."""
+    return f"{encoder.info.onnx_sha256}|{encoder.info.tokenizer_sha256}|{encoder.max_tokens}"
+
+
 def available_providers(prefer_gpu: bool = True) -> list[str]:
     """ONNX Runtime execution providers to use, CUDA first when present and wanted."""
     have = ort.get_available_providers()

@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.delta import DeltaSegment, DeltaSnapshot
 from engine.io.beir import Document
-from engine.wal import WriteLog
+from engine.wal import WriteLog, pack_embeddings, unpack_embeddings
 
 MIN_EMBEDDING_NORM = 0.5
 """An encoder output (unit-norm by construction) with a smaller norm, or not finite, is never indexed."""
@@ -58,10 +58,14 @@ class LiveCollection:
         log: its :class:`engine.wal.WriteLog`.
         dimension: embedding width D.
         encode: ``list[str] -> (B, D) float32`` unit-norm rows (the gateway's encoder).
+        fingerprint: that encoder's :func:`engine.encoder.encoder_fingerprint`.  When given, an upsert record
+            carries its embeddings (:func:`engine.wal.pack_embeddings`, about 2 KiB a document at D = 384), and
+            a replay reuses the embeddings of records with the same fingerprint instead of encoding again.
     """
 
-    def __init__(self, name: str, log: WriteLog, dimension: int, encode: Callable[[list[str]], np.ndarray]):
-        self.name, self.log, self.encode = name, log, encode
+    def __init__(self, name: str, log: WriteLog, dimension: int, encode: Callable[[list[str]], np.ndarray],
+                 fingerprint: str | None = None):
+        self.name, self.log, self.encode, self.fingerprint = name, log, encode, fingerprint
         self.delta = DeltaSegment(dimension)
         self.base_seq = 0  # the live version's folded sequence number: the segment holds writes after it
         self._lock = threading.Lock()
@@ -76,7 +80,15 @@ class LiveCollection:
         Raises:
             DegenerateDocument: a row is not finite or has a norm below :data:`MIN_EMBEDDING_NORM`.
         """
-        E = np.asarray(self.encode([encoder_text(d) for d in docs]), np.float32)
+        return self.checked(np.asarray(self.encode([encoder_text(d) for d in docs]), np.float32), docs)
+
+    def checked(self, E: np.ndarray, docs: list[dict]) -> np.ndarray:
+        """``E`` ((B, D) float32 embeddings of ``docs``) with unit rows.
+
+        Raises:
+            ValueError: ``E`` is not (len(docs), D).
+            DegenerateDocument: a row is not finite or has a norm below :data:`MIN_EMBEDDING_NORM`.
+        """
         if E.shape != (len(docs), self.delta.dimension):
             raise ValueError(f"the encoder returned shape {E.shape} for {len(docs)} documents")
         norms = np.linalg.norm(E, axis=1)
@@ -96,8 +108,11 @@ class LiveCollection:
             engine.wal.WalError, OSError: the log refused the append (nothing acknowledged).
         """
         E = self.embed(docs)
+        rec = {"op": "upsert", "docs": docs}
+        if self.fingerprint is not None:
+            rec["emb"] = pack_embeddings(E, self.fingerprint)
         with self._lock:
-            seq = self.log.append({"op": "upsert", "docs": docs})
+            seq = self.log.append(rec)
             self.delta.upsert(seq, docs, E)
         return seq
 
@@ -115,7 +130,8 @@ class LiveCollection:
     def replay(self, after: int) -> dict:
         """Rebuild the delta segment from the log records with ``seq > after`` (a fresh segment).
 
-        Only the last write of each id is encoded.  Returns ``{"records": r, "upserts": u, "deletes": d}``
+        Only the last write of each id counts; its embedding is read from the log when the record carries one
+        of this encoder (:func:`engine.wal.unpack_embeddings`), else encoded.  Returns ``{"records": r, "upserts": u, "deletes": d}``
         (u and d: the segment's documents and tombstones afterwards).
 
         Raises:
@@ -123,31 +139,41 @@ class LiveCollection:
             DegenerateDocument: a logged document no longer encodes (a changed encoder).
         """
         with self._lock:
-            latest: dict[str, tuple[int, dict | None]] = {}
-            records = 0
+            D = self.delta.dimension
+            latest: dict[str, tuple[int, dict | None, np.ndarray | None]] = {}
+            records = reused = 0
             for rec in self.log.replay(after):
                 records += 1
                 if rec["op"] == "upsert":
-                    for d in rec["docs"]:
-                        latest[d["id"]] = (rec["seq"], d)
+                    E = unpack_embeddings(rec, self.fingerprint, D) if self.fingerprint is not None else None
+                    for j, d in enumerate(rec["docs"]):
+                        latest[d["id"]] = (rec["seq"], d, None if E is None else E[j])
                 elif rec["op"] == "delete":
                     for i in rec["ids"]:
-                        latest[i] = (rec["seq"], None)
-            delta = DeltaSegment(self.delta.dimension)
-            ups = [(s, d) for s, d in latest.values() if d is not None]
-            for start in range(0, len(ups), REPLAY_BATCH):
-                chunk = ups[start:start + REPLAY_BATCH]
-                docs = [d for _, d in chunk]
-                delta.upsert([s for s, _ in chunk], docs, self.embed(docs))
+                        latest[i] = (rec["seq"], None, None)
+            delta = DeltaSegment(D)
+            ups = [(s, d, e) for s, d, e in latest.values() if d is not None]
+            logged = [u for u in ups if u[2] is not None]
+            for start in range(0, len(logged), REPLAY_BATCH):
+                chunk = logged[start:start + REPLAY_BATCH]
+                docs = [d for _, d, _ in chunk]
+                delta.upsert([s for s, _, _ in chunk], docs, self.checked(np.stack([e for _, _, e in chunk]), docs))
+                reused += len(chunk)
+            fresh = [u for u in ups if u[2] is None]
+            for start in range(0, len(fresh), REPLAY_BATCH):
+                chunk = fresh[start:start + REPLAY_BATCH]
+                docs = [d for _, d, _ in chunk]
+                delta.upsert([s for s, _, _ in chunk], docs, self.embed(docs))
             dels: dict[int, list[str]] = {}
-            for i, (s, d) in latest.items():
+            for i, (s, d, _) in latest.items():
                 if d is None:
                     dels.setdefault(s, []).append(i)
             for s, ids in sorted(dels.items()):
                 delta.delete(s, ids)
             self.delta, self.base_seq = delta, int(after)
             snap = delta.snapshot()
-            return {"records": records, "upserts": len(snap.docs), "deletes": len(snap.deleted)}
+            return {"records": records, "upserts": len(snap.docs), "deletes": len(snap.deleted),
+                    "encoded": len(fresh), "reused_embeddings": reused}
 
     def advance(self, folded: int) -> dict:
         """A version that folded every write up to ``folded`` went live: drop the segment's entries with

@@ -1,7 +1,9 @@
 """The write-ahead log of a collection's live documents (issue 18): durable before acknowledged.
 
-One record is one accepted write batch: ``{"seq": int, "op": "upsert", "docs": [{id, title, text, fields}]}``
-or ``{"seq": int, "op": "delete", "ids": [str]}``.  Sequence numbers start at 1 and grow by one per record,
+One record is one accepted write batch: ``{"seq": int, "op": "upsert", "docs": [{id, title, text, fields}],
+"emb": {...}}`` or ``{"seq": int, "op": "delete", "ids": [str]}``.  ``emb`` (optional; records written before
+it existed lack it) holds the batch's embeddings as the gateway's encoder made them (:func:`pack_embeddings`),
+with that encoder's fingerprint, so a replay or a fold by the same encoder does not encode them again.  Sequence numbers start at 1 and grow by one per record,
 so a batch is applied whole or not at all.  :meth:`WriteLog.append` returns only after the record is on disk
 (``fsync`` of the segment file, and of the directory when a segment is created); the gateway answers 202
 only after that.
@@ -26,6 +28,7 @@ A Redis-stream implementation of :class:`WriteLog` (``REDIS_URL``) is not writte
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -34,6 +37,8 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 SEGMENT_DIGITS = 20
 _PREFIX = '{"crc":"'
@@ -83,6 +88,36 @@ def decode_record(line: bytes) -> dict | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return rec if isinstance(rec, dict) and isinstance(rec.get("seq"), int) else None
+
+
+def pack_embeddings(E: np.ndarray, encoder: str) -> dict:
+    """The ``emb`` field of an upsert record: ``{"encoder": fingerprint, "shape": [B, D], "f32": base64}``.
+
+    Args:
+        E: (B, D) float32 embeddings of the batch's documents, in their order (little-endian in the log).
+        encoder: the encoder's fingerprint (:func:`engine.encoder.encoder_fingerprint`).
+    """
+    E = np.ascontiguousarray(E, dtype="<f4")
+    return {"encoder": encoder, "shape": list(E.shape), "f32": base64.b64encode(E.tobytes()).decode("ascii")}
+
+
+def unpack_embeddings(rec: dict, encoder: str, dimension: int) -> np.ndarray | None:
+    """The (B, D) float32 embeddings logged with upsert record ``rec``, or None when it has none, they come
+    from another encoder (fingerprint ``encoder``), or their shape is not (len(docs), ``dimension``): then the
+    caller encodes the documents itself."""
+    emb = rec.get("emb")
+    if not isinstance(emb, dict) or emb.get("encoder") != encoder:
+        return None
+    shape = (len(rec.get("docs") or ()), int(dimension))
+    if emb.get("shape") != list(shape):
+        return None
+    try:
+        raw = base64.b64decode(emb["f32"], validate=True)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(raw) != 4 * shape[0] * shape[1]:
+        return None
+    return np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
 
 
 class WriteLog(ABC):

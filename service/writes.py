@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.delta import DeltaSnapshot
+from engine.encoder import encoder_fingerprint
 from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest_folded_seq
 from engine.plan import has_lone_surrogate, is_blank
 from engine.version import store
@@ -245,7 +246,8 @@ class LiveDocuments:
             if name in self.live:  # opened already (a second load of the same state)
                 continue
             try:
-                live = LiveCollection(name, FileWriteLog(self.wal_dir(name)), encoder.dimension, encoder.encode)
+                live = LiveCollection(name, FileWriteLog(self.wal_dir(name)), encoder.dimension, encoder.encode,
+                                      fingerprint=encoder_fingerprint(encoder))
                 base = folded_seq(versions.live) if versions.live is not None else 0
                 counts = live.replay(base)
             except (WalError, OSError, DegenerateDocument) as e:

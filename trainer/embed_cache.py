@@ -14,16 +14,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from engine.encoder import encoder_fingerprint  # noqa: F401  (re-exported: the key's encoder part)
+
 
 def content_key(text: str, encoder_fingerprint: str) -> str:
     """Hex sha256 of the encoder fingerprint and the text."""
     return hashlib.sha256(f"{encoder_fingerprint}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def encoder_fingerprint(encoder) -> str:
-    """``onnx_sha256|tokenizer_sha256|max_tokens`` of an encoder (``info`` and ``max_tokens`` attributes):
-    what :func:`content_key` mixes into every key, so vectors of another encoder never match."""
-    return f"{encoder.info.onnx_sha256}|{encoder.info.tokenizer_sha256}|{encoder.max_tokens}"
 
 
 class EmbeddingCache:

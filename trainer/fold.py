@@ -12,7 +12,9 @@
    document keeps its row position, a new one is appended) and the deletes removed.
 4. A build that reuses the live version's rotation, routers, recall policy and level layout
    (:class:`trainer.build.BuildOptions` ``reuse_from``): only new or changed texts are encoded (the embedding
-   cache keys by content); the level store, the lexical side, stage 1 and the served evaluation (when the
+   cache keys by content, and the embeddings the gateway logged with each upsert are put into the cache first
+   when they come from the trainer's own encoder, :func:`seed_logged_embeddings`, so a fold usually encodes
+   nothing); the level store, the lexical side, stage 1 and the served evaluation (when the
    BEIR folder has qrels) are computed as usual.  The drift check (:func:`trainer.build._drift_check`) refits
    instead when the online-CUS agreement moved beyond the threshold; the manifest's ``writes`` section says
    which happened.
@@ -34,13 +36,15 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.encoder import encoder_fingerprint
 from engine.io.beir import Document, load_corpus
-from engine.live import manifest_folded_seq
+from engine.live import encoder_text, manifest_folded_seq
 from engine.registry import open_registry
 from engine.version import files, store
 from engine.version.manifest import Manifest, read_manifest
-from engine.wal import read_log
+from engine.wal import read_log, unpack_embeddings
 from trainer.build import DEFAULT_PAIRS, BuildOptions, build_index
+from trainer.embed_cache import EmbeddingCache, content_key
 from trainer.registry_cli import promote_with_gate
 from trainer.retention import retention_after_build
 
@@ -176,6 +180,28 @@ def fold_options(pending: PendingWrites, collection: str, documents: list[Docume
                 "base_folded_seq": pending.base_seq})
 
 
+def seed_logged_embeddings(records: list[dict], encoder, cache_path: Path | str) -> int:
+    """Put the embeddings logged with upsert ``records`` into the embedding cache at ``cache_path``, keyed by
+    content as the build reads them, when they were made by ``encoder`` (same fingerprint); returns how many
+    documents' embeddings were put (0 for records of another encoder or without embeddings: the build
+    encodes those)."""
+    fp = encoder_fingerprint(encoder)
+    items = {}
+    for rec in records:
+        if rec.get("op") != "upsert":
+            continue
+        E = unpack_embeddings(rec, fp, encoder.dimension)
+        if E is not None:
+            items.update({content_key(encoder_text(d), fp): e for d, e in zip(rec["docs"], E)})
+    if items:
+        cache = EmbeddingCache(cache_path, encoder.dimension)
+        try:
+            cache.put_many(items)
+        finally:
+            cache.close()
+    return len(items)
+
+
 def fold_collection(settings, encoder, collection: str, *, promote: bool = False,
                     drift_threshold: float = 0.05, actor: str = "trainer fold") -> dict:
     """Fold the pending writes of ``collection`` into a new version (module docstring); returns a report
@@ -197,6 +223,7 @@ def fold_collection(settings, encoder, collection: str, *, promote: bool = False
         raise FoldError(f"folding seq {pending.base_seq + 1}..{pending.last_seq} would leave {collection!r} "
                         "without documents")
     opts = fold_options(pending, collection, documents, drift_threshold)
+    report["embeddings_from_log"] = seed_logged_embeddings(pending.records, encoder, settings.embedding_cache)
     log.info("folding %d records (seq %d..%d) onto %s: %s", len(pending.records), pending.base_seq + 1,
              pending.last_seq, pending.base_version, changes)
     path, manifest = build_index(opts, settings, encoder)

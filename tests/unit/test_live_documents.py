@@ -14,7 +14,7 @@ from engine.pipeline import Pipeline, capabilities
 from engine.plan import PlanDefaults, SearchSpec, resolve_plan
 from engine.stages.delta import delta_applies, merge_delta
 from engine.stages.render import Result
-from engine.wal import FileWriteLog, WalCorrupt, WalLocked, decode_record, encode_record
+from engine.wal import FileWriteLog, WalCorrupt, WalLocked, decode_record, encode_record, unpack_embeddings
 
 
 def upsert(i: int) -> dict:
@@ -125,12 +125,50 @@ def test_replay_rebuilds_the_segment_from_the_log(tmp_path):
     before = live.snapshot()
     live.log.close()
     again = LiveCollection("c", FileWriteLog(tmp_path / "wal"), 8, enc)
-    assert again.replay(0) == {"records": 3, "upserts": 1, "deletes": 2}
+    assert again.replay(0) == {"records": 3, "upserts": 1, "deletes": 2, "encoded": 1, "reused_embeddings": 0}
     snap = again.snapshot()
     assert snap.ids == ["a"] and snap.docs["a"].doc["text"] == "uno" and set(snap.deleted) == {"b", "v1"}
     assert np.allclose(snap.embeddings, before.embeddings)
-    assert again.replay(2) == {"records": 1, "upserts": 0, "deletes": 2}
+    assert again.replay(2) == {"records": 1, "upserts": 0, "deletes": 2, "encoded": 0, "reused_embeddings": 0}
     again.close()
+
+
+class CountingEncoder(FakeEncoder):
+    def __init__(self, d):
+        super().__init__(d)
+        self.texts = []
+
+    def __call__(self, texts):
+        self.texts += list(texts)
+        return super().__call__(texts)
+
+
+def test_a_replay_reads_the_logged_embeddings_of_the_same_encoder_and_encodes_only_the_others(tmp_path):
+    enc = CountingEncoder(8)
+    live = LiveCollection("c", FileWriteLog(tmp_path / "wal"), 8, enc, fingerprint="enc-A")
+    live.upsert([{"id": "a", "title": "", "text": "one", "fields": {}}, {"id": "b", "title": "", "text": "two",
+                                                                      "fields": {}}])
+    rec = next(live.log.replay(0))
+    assert unpack_embeddings(rec, "enc-A", 8).shape == (2, 8)
+    assert unpack_embeddings(rec, "enc-B", 8) is None and unpack_embeddings(rec, "enc-A", 9) is None
+    # a record written before embeddings were logged
+    live.log.append({"op": "upsert", "docs": [{"id": "c", "title": "", "text": "three", "fields": {}}]})
+    before = {i: live.snapshot().embeddings[k] for k, i in enumerate(live.snapshot().ids)}
+    live.close()
+    enc.texts.clear()
+    again = LiveCollection("c", FileWriteLog(tmp_path / "wal"), 8, enc, fingerprint="enc-A")
+    counts = again.replay(0)
+    assert counts["reused_embeddings"] == 2 and counts["encoded"] == 1 and enc.texts == ["three"]
+    snap = again.snapshot()
+    for k, i in enumerate(snap.ids):
+        if i in before:
+            assert np.array_equal(snap.embeddings[k], before[i])  # bit-identical: read back, not re-encoded
+    again.close()
+    # another encoder (a new export): every logged embedding is stale and encoded again
+    enc.texts.clear()
+    other = LiveCollection("c", FileWriteLog(tmp_path / "wal"), 8, enc, fingerprint="enc-B")
+    assert other.replay(0)["encoded"] == 3 and sorted(enc.texts) == ["one", "three", "two"]
+    other.close()
 
 
 @pytest.mark.parametrize("width", ["full", 32, 8])
