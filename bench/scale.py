@@ -37,8 +37,10 @@ recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.
 * ``ours_fixed_r<t>``: policy ``recall`` through the pipeline on an in-memory version holding an ANN first stage
   (``--ours-ann``, default ``hnsw``, M = 32) whose effort is tuned to exactly t (no margin) on the training
   queries; candidates rescored exactly at full width;
-* ``ours_recall_<t>``: the same version as the gateway serves ``recall_target: t`` (the effort of the served
-  margin, 0.25 of the miss budget; a per-query effort model is not built yet, so this is a static effort too).
+* ``ours_recall_<t>``: the same version with the **per-query effort** model (:meth:`engine.stage1.AnnStage1.
+  per_query`): a probe search at the grid's cheapest effort, LightGBM over its evidence (:data:`engine.ann.
+  EFFORT_FEATURES`) predicting each effort's recall, the cheapest effort clearing a bar calibrated out of fold
+  on the training queries for t plus 0.25 of the miss budget (:func:`trainer.recall_fit.effort_table`).
 
 ANN rows carry ``"family": "ann"``; a run with ``--methods ann`` replaces in ``summary.json`` only the rows of
 the same corpus, N, method, threads and family, and keeps every other row.  A recall-versus-p50 plot per
@@ -75,7 +77,7 @@ from engine.pipeline import Pipeline  # noqa: E402
 from engine.plan import SearchSpec  # noqa: E402
 from engine.recall import RecallPolicy  # noqa: E402
 from engine.stage1 import AnnStage1  # noqa: E402
-from trainer.recall_fit import calibration_report, fit_recall_policy, recall_table  # noqa: E402
+from trainer.recall_fit import calibration_report, effort_table, fit_recall_policy, recall_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10
@@ -374,9 +376,16 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     def set_threads(tn):
         faiss.omp_set_num_threads(tn)
 
-    for margin, prefix in ((0.0, "ours_fixed_r"), (0.25, "ours_recall_")):
+    t = time.perf_counter()
+    table = effort_table(index, params, X_rot, Q["train"], k=K, truth=truth["train"])
+    booster, oof = fit_recall_policy(table)
+    effort_policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=K)
+    fit_s = time.perf_counter() - t
+    print(f"  per-query effort model fitted in {fit_s:.1f}s on {len(Q['train'])} training queries", flush=True)
+    for margin, prefix, policy in ((0.0, "ours_fixed_r", None), (0.25, "ours_recall_", effort_policy)):
         stage = AnnStage1(index, params, curve, margin_share=margin,
-                          bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params))
+                          bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params),
+                          effort_policy=policy, docs=X_rot if policy is not None else None)
         version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
         for tgt in ANN_TARGETS:
             spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
@@ -386,9 +395,11 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
                 return res.rows, res.trace["coordinates_scored"]
 
             effort = stage.effort(tgt)
-            out.append(Method(f"{prefix}{tgt:g}", run, mem, build_s,
+            extra = {"bar": effort_policy.bar(tgt)} if policy is not None else {}
+            out.append(Method(f"{prefix}{tgt:g}", run, mem, build_s + (fit_s if policy is not None else 0.0),
                               {**params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort, "margin_share": margin,
-                               "served_exact": effort is None, "per_query_effort": False,
+                               "served_exact": effort is None and policy is None,
+                               "per_query_effort": policy is not None, **extra,
                                "tuning_queries": len(Q["train"])}, set_threads))
     for m in out:
         m.family = "ann"

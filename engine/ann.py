@@ -362,6 +362,63 @@ def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) 
     return rows[pos], scores[pos]
 
 
+# -- per-query effort (LAET / DARTH style) ----------------------------------------------------------------------
+
+EFFORT_FEATURES = ("probe_s1", "probe_sk", "probe_gap", "probe_gap12", "probe_mean", "probe_std", "probe_found",
+                   "probe_distances", "energy16", "energy64")
+"""Early evidence of one query for the per-query effort model, in the model's order (:class:`AnnEvidence`)."""
+
+
+@dataclass
+class AnnEvidence:
+    """The probe of one query: its search at the cheapest effort of the grid, rescored exactly.
+
+    Attributes:
+        values: :data:`EFFORT_FEATURES` -> float: the probe's exact full-width top-k scores (``s1`` best,
+            ``sk`` the k-th, ``gap`` = s1 - sk, ``gap12`` = s1 - s2, their mean and standard deviation; inner
+            products of unit vectors, higher is closer), candidates found, distance computations (the probe's
+            work / D), and the query's energy in its leading 16 and 64 rotated coordinates (sum of squares of a
+            unit vector, in [0, 1]).
+        rows: (c,) int64 the probe's candidates, rescored, best first: the answer when the probe's effort is
+            the one chosen.
+        work: the probe's multiply-adds.
+    """
+
+    values: dict
+    rows: np.ndarray
+    work: int
+
+    def features(self, k: int) -> dict:
+        """The evidence values (``k`` is the policy's; the probe already searched at it)."""
+        return self.values
+
+
+def probe(index: faiss.Index, kind: str, X_rot: np.ndarray, query: np.ndarray, k: int, effort: int,
+          allowed: np.ndarray | None = None) -> AnnEvidence:
+    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the grid's cheapest), rescore its ``k``
+    candidates exactly over ``X_rot`` ((N, D) float32) and read the evidence the per-query effort model takes
+    (:class:`AnnEvidence`).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first steps
+    predict the termination a query needs) and DARTH (SIGMOD 2026: recall-targeted early termination)."""
+    hits = search(index, kind, query, k, effort, allowed)
+    rows, scores = exact_rerank(X_rot, query, hits.rows, k)
+    q = np.asarray(query, np.float64)
+    s = np.asarray(scores, np.float64)
+    nan = float("nan")
+    values = {
+        "probe_s1": float(s[0]) if len(s) else nan,
+        "probe_sk": float(s[-1]) if len(s) else nan,
+        "probe_gap": float(s[0] - s[-1]) if len(s) else nan,
+        "probe_gap12": float(s[0] - s[1]) if len(s) > 1 else nan,
+        "probe_mean": float(s.mean()) if len(s) else nan,
+        "probe_std": float(s.std()) if len(s) else nan,
+        "probe_found": float(len(s)),
+        "probe_distances": float(hits.work) / max(len(q), 1),
+        "energy16": float(np.dot(q[:16], q[:16])),
+        "energy64": float(np.dot(q[:64], q[:64])),
+    }
+    return AnnEvidence(values, rows, int(hits.work))
+
+
 # -- effort tuning -------------------------------------------------------------------------------------------
 
 def exhaustive_top_k(X_rot: np.ndarray, Q_rot: np.ndarray, k: int = 10, chunk: int = 256) -> np.ndarray:

@@ -408,10 +408,15 @@ class AnnStage1:
         bytes_per_document: the backend's memory by part (:func:`engine.ann.bytes_per_document`).
         min_allowed_share: below this share of allowed documents a filtered search goes to the exact path (a
             graph or a few lists find too few allowed neighbours).
+        effort_policy: the per-query effort model (:class:`engine.recall.RecallPolicy` whose grid is the
+            effort grid and whose evidence is :class:`engine.ann.AnnEvidence`), or None for one effort per
+            target read from the curve.
+        docs: (N, D) float32 rotated documents the probe rescores (needed with ``effort_policy``).
     """
 
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
-                 bytes_per_document: dict | None = None, min_allowed_share: float = 0.1):
+                 bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
+                 effort_policy=None, docs: np.ndarray | None = None):
         self.index, self.params, self.kind = index, params, params.kind
         self.curve = [dict(p) for p in curve]
         self.margin_share = float(margin_share)
@@ -419,6 +424,9 @@ class AnnStage1:
         self.bytes_per_document = dict(bytes_per_document or {})
         self.min_allowed_share = float(min_allowed_share)
         self._efforts: dict[float, int | None] = {}
+        if effort_policy is not None and docs is None:
+            raise ValueError("a per-query effort policy needs the rotated documents its probe rescores")
+        self.effort_policy, self.docs = effort_policy, docs
 
     @property
     def max_recall(self) -> float:
@@ -445,6 +453,25 @@ class AnnStage1:
                 return (f"the filter allows {share:.1%} of the documents (< {self.min_allowed_share:.0%}): "
                         f"the {self.kind} backend would miss allowed neighbours")
         return None
+
+    def per_query(self, query: np.ndarray, target: float, k: int,
+                  allowed: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
+        """The candidates of one rotated query ((D,) float32) at the effort the per-query model chooses for
+        ``target``: the probe at the grid's cheapest effort, then the cheapest effort whose predicted recall
+        clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`); when that is the
+        probe's effort the probe's candidates are the answer.  Returns (hits with the probe's work included,
+        effort, probe's multiply-adds).  Without a model it is :meth:`search` at :meth:`effort`."""
+        if self.effort_policy is None or int(k) != int(self.effort_policy.k):  # calibrated at its k only
+            effort = self.effort(target)
+            return self.search(query, k, effort, allowed), int(effort), 0
+        grid = self.effort_policy.z_grid
+        ev = ann.probe(self.index, self.kind, self.docs, query, k, int(grid[0]), allowed)
+        bound, z = self.effort_policy.choose(ev, float(target))
+        effort = int(grid[-1]) if z is None else int(z)
+        if effort <= int(grid[0]):
+            return ann.AnnHits(ev.rows, ev.work), int(grid[0]), ev.work
+        hits = self.search(query, k, effort, allowed)
+        return ann.AnnHits(hits.rows, hits.work + ev.work), effort, ev.work
 
     def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:
         """The ANN candidates of one rotated query ((D,) float32) at ``effort``; see :func:`engine.ann.search`."""

@@ -16,6 +16,7 @@ import lightgbm as lgb
 import numpy as np
 
 from adawidth import levels, recall_policy
+from engine import ann
 from trainer.router_fit import LGB_PARAMS, NUM_ROUNDS
 
 
@@ -133,3 +134,41 @@ def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 
                        "fixed_mean_coordinates": None if fixed is None else float(table.coordinates[:, fixed].mean())}
     out["exact_mean_coordinates"] = float(full.mean())
     return out
+
+
+def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
+                 truth: np.ndarray | None = None, efforts=None) -> RecallTable:
+    """The per-query effort model's table (issue 19): every calibration query probed once at the cheapest effort
+    (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, rescored exactly.
+
+    Args:
+        index, params: the ANN index and its :class:`engine.ann.AnnParams`.
+        X_rot: (N, D) float32 rotated documents; Q_rot: (Q, D) float32 rotated calibration queries.
+        k: recall@k.
+        truth: (Q, k) exhaustive top-k rows (default computed).
+        efforts: the grid (default :func:`engine.ann.effort_grid`), increasing.
+
+    Returns:
+        A :class:`RecallTable` whose ``z_grid`` is the effort grid: ``recall`` (Q, E) realised recall@k against
+        exhaustive search, ``coordinates`` (Q, E) multiply-adds served (the probe, plus the search unless the
+        effort is the probe's), ``exact_coordinates`` (Q,) N·D.
+    """
+    efforts = np.asarray(efforts if efforts is not None else ann.effort_grid(params), dtype=np.float64)
+    truth = ann.exhaustive_top_k(X_rot, Q_rot, k) if truth is None else truth
+    Q, E = len(Q_rot), len(efforts)
+    rec, work = np.zeros((Q, E)), np.zeros((Q, E), dtype=np.int64)
+    feats = []
+    for i, q in enumerate(Q_rot):
+        ev = ann.probe(index, params.kind, X_rot, q, k, int(efforts[0]))
+        feats.append([ev.values[n] for n in ann.EFFORT_FEATURES])
+        t = set(truth[i].tolist())
+        for j, e in enumerate(efforts):
+            if j == 0:
+                rows, w = ev.rows, ev.work
+            else:
+                hits = ann.search(index, params.kind, q, k, int(e))
+                rows, w = ann.exact_rerank(X_rot, q, hits.rows, k)[0], ev.work + hits.work
+            rec[i, j] = len(t.intersection(rows.tolist())) / max(len(t), 1)
+            work[i, j] = w
+    exact = np.full(Q, X_rot.shape[0] * X_rot.shape[1], dtype=np.int64)
+    return RecallTable(np.asarray(feats, dtype=np.float64), list(ann.EFFORT_FEATURES), rec, work, exact, efforts)

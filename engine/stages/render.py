@@ -51,6 +51,7 @@ def render(plan: Plan, version, c: Candidates, *, allowed_documents: int | None,
         "tier": t.get("tier", "mips"), "tier_predicted": t.get("tier_predicted"),
         "reranked": int(t.get("reranked", 0)), "timings_seconds": timings,
         "stage1_backend": t.get("stage1_backend"), "effort": t.get("effort"), "effort_name": t.get("effort_name"),
+        "effort_per_query": t.get("effort_per_query"), "probe_coordinates": t.get("probe_coordinates"),
         "served_exact_because": t.get("served_exact_because"),
     }
     rows = np.asarray(c.rows, np.int64)

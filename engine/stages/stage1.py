@@ -100,13 +100,17 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         c.trace["stage1_backend"] = getattr(getattr(version, "stage1", None), "kind", None)
     if plan.policy == "recall" and getattr(version, "ann", None) is not None:
         a = version.ann
-        effort = a.effort(float(plan.recall_target))
-        hits = a.search(query, min(plan.depth, n_allowed), effort, allowed) if n_allowed else None
+        effort, probe_work = a.effort(float(plan.recall_target)), 0
+        hits = None
+        if n_allowed:
+            hits, effort, probe_work = a.per_query(query, float(plan.recall_target), min(plan.depth, n_allowed),
+                                                   allowed)
         rows = hits.rows if hits is not None else np.empty(0, np.int64)
         c.state = AnnState(rows)
         c.width = version.dimension
         c.work["stage1"] = int(hits.work) if hits is not None else 0
         c.trace.update(policy="recall", stage1_backend=a.kind, effort=int(effort), effort_name=a.effort_name,
+                       effort_per_query=a.effort_policy is not None, probe_coordinates=int(probe_work),
                        stage1_width=version.dimension, shortlist=int(len(rows)), bound=None, confidence=None)
         return c
     if plan.policy == "exact" and (getattr(version, "levels", None) is None or N < version.level_scan_min_docs):

@@ -141,3 +141,37 @@ def test_exact_rerank_orders_ties_by_row():
     assert rows.tolist() == [0, 1] and scores.tolist() == [1.0, 1.0]
     rows, scores = ann.exact_rerank(docs, np.array([1, 0], np.float32), np.empty(0, np.int64), 2)
     assert len(rows) == 0 and scores.dtype == np.float64
+
+
+def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
+    from trainer.recall_fit import effort_table, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    table = effort_table(index, p, X, Qt, k=10)
+    assert table.recall.shape == (len(Qt), len(ann.HNSW_EF_GRID)) and table.feature_names == list(ann.EFFORT_FEATURES)
+    assert np.all(np.diff(table.coordinates.mean(axis=0)[1:]) > 0)  # more effort, more work
+    ev = ann.probe(index, "hnsw", X, Qe[0], 10, 10)
+    assert ev.values["probe_s1"] >= ev.values["probe_sk"] and 0 <= ev.values["energy16"] <= ev.values["energy64"] <= 1 + 1e-5
+    np.testing.assert_allclose(ev.values["probe_s1"], X[ev.rows[0]] @ Qe[0], rtol=1e-5)
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    curve = ann.tune_effort(index, p, X, Qt)
+    a = AnnStage1(index, p, curve, effort_policy=policy, docs=X)
+    v = IndexVersion.in_memory(X, np.eye(32, dtype=np.float32), [f"d{i}" for i in range(len(X))], m0=16, ann=a)
+    res = Pipeline().search(v, [SearchSpec("q", k=10, width="auto", recall_target=0.95)] * len(Qe), embeddings=Qe)
+    truth = ann.exhaustive_top_k(X, Qe)
+    assert ann.recall_at([r.rows for r in res], truth).mean() >= 0.94
+    efforts = {r.trace["effort"] for r in res}
+    assert efforts <= set(ann.HNSW_EF_GRID) and len(efforts) > 1  # chosen per query, not one effort
+    for r in res:
+        assert r.trace["effort_per_query"] is True and r.trace["probe_coordinates"] > 0
+        assert r.trace["coordinates_scored"] >= r.trace["probe_coordinates"]
+    Trace(**res[0].trace)
+    with pytest.raises(ValueError, match="rotated documents"):
+        AnnStage1(index, p, curve, effort_policy=policy)
+    # a k the model was not calibrated at: the target's one tuned effort
+    r = Pipeline().search(v, [SearchSpec("q", k=20, width="auto", recall_target=0.95)], embeddings=Qe[:1])[0]
+    assert r.trace["effort"] == a.effort(0.95)
