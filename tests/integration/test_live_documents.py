@@ -404,6 +404,30 @@ def test_every_acknowledged_write_survives_kill_9_during_a_burst(pristine_home, 
             # the log takes new writes after the torn tail, numbered on
             r = put(http, [{"id": "after-restart", "text": "Written after the crash."}])
             assert r.status_code == 202 and r.json()["seq"] == w["last_accepted_seq"] + 1
+            last_seq = r.json()["seq"]
+
+            # folded into a version: every write the log holds is in it, counted exactly, and its embeddings come
+            # from the log (nothing is encoded again)
+            from tests.integration.test_fold import fold, wait_live
+            base_docs = json.loads((home / "indexes" / "scifact" / writes(http)["live_version"] / "doc_ids.json")
+                                   .read_text())
+            report = fold(home, "--promote")
+            assert report["folded"] and report["promoted"] and report["folded_seq"] == last_seq
+            assert report["encoded_now"] == 0 and report["embeddings_from_log"] >= len(present) + 1
+            wait_live(http, report["version"])
+            w = writes(http)
+            assert (w["live_folded_seq"], w["pending_upserts"], w["pending_deletes"]) == (last_seq, 0, 0)
+            assert report["documents"] == len(base_docs) + len(present) + 1
+            for i in sorted(present) + ["after-restart"]:
+                r = http.get(f"{C}/documents/{i}", headers=AUTH)
+                assert r.status_code == 200 and r.json()["served_from"] == report["version"], (i, r.text)
+            for i in sorted(acked_del):
+                assert http.get(f"{C}/documents/{i}", headers=AUTH).status_code == 404, i
+            r = http.post(f"{C}/search/batch", json={"queries": [
+                {"query": f"{claims[(hash(i) % UPSERTS)][1]} (burst copy {i})".replace('"', " "), "k": 10,
+                 "width": "full"} for i in sample]})
+            assert [s["results"][0]["id"] for s in r.json()["results"]] == sample
+            assert {s["trace"]["index_version"] for s in r.json()["results"]} == {report["version"]}
     finally:
         stop.set()
         gw.stop()
