@@ -346,8 +346,35 @@ DEFINE_MULTI16(multi16_avx512, AVX512, __m512, 16, _mm512_setzero_ps, _mm512_fma
                LOAD_F16_AVX512, HSUM_AVX512)
 #endif
 
+/* ---- count_at_least: out[j] = #{i : v[i] >= t_j} for a few thresholds, in one pass over v ----
+ * Blocks of COUNT_BLOCK values (in L1) are compared with every threshold, int32 counts per block: the compiler
+ * vectorises the inner loop (compare, mask, subtract) in each ISA's variant.  NaN values are never counted. */
+#define COUNT_BLOCK 2048
+typedef void (*count_fn)(const float *v, Py_ssize_t n, const float *t, Py_ssize_t m, int64_t *out);
+
+#define DEFINE_COUNT(NAME, TARGET)                                                                               \
+    TARGET static void NAME(const float *v, Py_ssize_t n, const float *t, Py_ssize_t m, int64_t *out) {         \
+        for (Py_ssize_t j = 0; j < m; j++) out[j] = 0;                                                          \
+        for (Py_ssize_t s = 0; s < n; s += COUNT_BLOCK) {                                                       \
+            const Py_ssize_t e = s + COUNT_BLOCK < n ? s + COUNT_BLOCK : n;                                     \
+            for (Py_ssize_t j = 0; j < m; j++) {                                                                \
+                const float tj = t[j];                                                                          \
+                int32_t c = 0;                                                                                  \
+                for (Py_ssize_t i = s; i < e; i++) c += v[i] >= tj;                                             \
+                out[j] += c;                                                                                    \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+
+DEFINE_COUNT(count_generic, )
+#if LV_X86
+DEFINE_COUNT(count_avx2, AVX2)
+DEFINE_COUNT(count_avx512, AVX512)
+#endif
+
 static dot_fn DOT32 = dot32_generic, DOT16 = dot16_generic;
 static multi_fn MULTI16 = multi16_generic;
+static count_fn COUNT = count_generic;
 static filter_fn FILTER = filter_generic;
 static prune_fn PRUNE = prune_generic;
 static const char *ISA = "generic";
@@ -356,6 +383,7 @@ static const char *ISA = "generic";
 #define USE_ISA(X)                                                                                                 \
     do {                                                                                                           \
         DOT32 = dot32_##X, DOT16 = dot16_##X, MULTI16 = multi16_##X, FILTER = filter_##X, PRUNE = prune_##X;     \
+        COUNT = count_##X;                                                                                         \
         ISA = #X;                                                                                                  \
     } while (0)
 
@@ -1212,12 +1240,7 @@ static PyObject *py_count_at_least(PyObject *self, PyObject *args) {
     GET(to, 4, 0, 0, 1, "thresholds", th, &m);
     GET(oo, 8, m, 1, 1, "out", cnt, NULL);
     Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        int64_t s = 0;
-        const float t = th[j];
-        for (Py_ssize_t i = 0; i < n; i++) s += vals[i] >= t;
-        cnt[j] = s;
-    }
+    COUNT(vals, n, th, m, cnt);
     Py_END_ALLOW_THREADS;
     result = Py_None;
     Py_INCREF(result);

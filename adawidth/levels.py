@@ -408,8 +408,8 @@ class LevelEvidence:
         pt, se = self.partial_top, self.seed_exact
         nan = float("nan")
 
-        def at(a, i):
-            return float(a[i]) if len(a) > i else nan
+        def at(a, i):  # NaN for a position the seeds do not reach (none at all when nothing was allowed)
+            return float(a[i]) if 0 <= i < len(a) else nan
 
         f = {"threshold": self.threshold if np.isfinite(self.threshold) else nan,
              "partial_1": at(pt, 0), "partial_k": at(pt, k - 1), "partial_last": at(pt, len(pt) - 1),

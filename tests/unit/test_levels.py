@@ -497,3 +497,34 @@ def test_the_kernel_checks_its_buffers(real):
     with pytest.raises(ValueError, match="ranges"):
         lv._kernel.scan_first(*bad_ranges, 1, 4, 1, *out)
     assert lv._kernel.BLOCK == lv.SCAN_BLOCK
+
+
+@pytest.mark.parametrize("allowed_rows", [[], [7]])
+def test_the_recall_policy_answers_a_search_that_allows_almost_nothing(allowed_rows):
+    """A restriction that leaves no (or one) document (a phrase matching only a deleted document) gives the
+    recall policy no seeds: its evidence is NaN there, and the search answers the allowed rows (it used to raise
+    IndexError, a 500)."""
+    from engine.index import IndexVersion
+    from engine.pipeline import Pipeline
+    from engine.plan import SearchSpec
+    from engine.recall import RecallPolicy
+    from trainer.recall_fit import fit_recall_policy, recall_table
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 64)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = rng.standard_normal((50, 64)).astype(np.float32)
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    store = LevelStore.build(X)
+    table = recall_table(store, Q[:40], k=10, bound="data_aware_doc")
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall, k=10)
+    v = IndexVersion.in_memory(X, np.eye(64, dtype=np.float32), [f"d{i}" for i in range(3000)], levels=store,
+                               recall_policy=policy)
+    allowed = np.zeros(3000, bool)
+    allowed[allowed_rows] = True
+    r = Pipeline().search(v, [SearchSpec("q", k=10, recall_target=0.99)], embeddings=Q[45:46], allowed=allowed)[0]
+    assert r.rows.tolist() == allowed_rows and r.trace["policy"] == "recall"
+    ev = begin(store, Q[45], 10, allowed=allowed).evidence
+    f = ev.features(10)
+    assert len(f) == len(table.feature_names) and (np.isnan(f["partial_last"]) == (not allowed_rows))
