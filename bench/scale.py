@@ -550,6 +550,9 @@ def markdown(out: dict) -> str:
     for corpus in dict.fromkeys(r["corpus"] for r in out["rows"]):
         rows = [r for r in out["rows"] if r["corpus"] == corpus]
         lines += [f"## {corpus} (N = {rows[0]['n_docs']:,})", "", out["corpora"][corpus], ""]
+        run = out.get("runs", {}).get(corpus)
+        if run and run.get("command") and run["command"] != out["command"]:
+            lines += [f"Rows of this corpus from an earlier run: `{run['command']}` ({run.get('machine')}).", ""]
         for threads in sorted({r["threads"] for r in rows}):
             rr = [r for r in rows if r["threads"] == threads]
             flat = next(r for r in rr if r["method"] == "faiss_flat")
@@ -589,8 +592,8 @@ def main(argv=None) -> int:
     ap.add_argument("--saturation-s", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
     ap.add_argument("--methods", default="base", choices=["base", "ann", "all"],
-                    help="base: issue 15's methods (rewrites summary.json); ann: issue 19's ANN methods (replaces only "
-                         "their rows); all: both")
+                    help="base: issue 15's methods; ann: issue 19's ANN methods; all: both (each run replaces only the "
+                         "rows it measures in summary.json)")
     ap.add_argument("--ours-ann", default="hnsw", choices=list(ann.ANN_KINDS),
                     help="the ANN kind of ours_fixed / ours_recall (M = 32)")
     args = ap.parse_args(argv)
@@ -603,13 +606,18 @@ def main(argv=None) -> int:
            f"{platform.python_version()}, faiss {faiss.__version__}, load average at start "
            f"{os.getloadavg()[0]:.1f}", "corpora": {}, "rows": []}
     out["methods"] = args.methods
-    previous = []
-    if args.methods == "ann" and (args.out / "summary.json").is_file():
-        previous = json.loads((args.out / "summary.json").read_text())
-        if (args.out / "report.json").is_file():
-            old = json.loads((args.out / "report.json").read_text())
-            out["corpora"] = {**old.get("corpora", {}), **out["corpora"]}
-            out["command_base"] = old.get("command")
+    suffix = "_ann" if args.methods == "ann" else ""  # an ANN-only run keeps issue 15's report and table
+    # every run replaces only the rows it measures (same corpus, N, method, threads, family) and keeps the rest,
+    # each corpus's rows with the command and machine of the run that made them (out["runs"])
+    previous = json.loads((args.out / "summary.json").read_text()) if (args.out / "summary.json").is_file() else []
+    old = json.loads((args.out / f"report{suffix}.json").read_text()) if (args.out / f"report{suffix}.json").is_file() \
+        else {}
+    out["corpora"] = dict(old.get("corpora", {}))
+    out["runs"] = {c: r for c, r in old.get("runs", {}).items()}
+    for c in out["corpora"]:
+        out["runs"].setdefault(c, {"command": old.get("command"), "machine": old.get("machine")})
+    in_report = (lambda r: r.get("family") == "ann") if args.methods == "ann" else (
+        (lambda r: True) if args.methods == "all" else (lambda r: r.get("family") != "ann"))
     for name in args.corpora:
         if name == "scifact":
             data = scifact
@@ -618,14 +626,15 @@ def main(argv=None) -> int:
         else:
             data = load_synthetic(scifact, args.synthetic_n, args.train_queries, args.test_queries)
         out["corpora"][name] = data["note"]
-        out["rows"] += run_corpus(name, data, args, faiss)
+        out["runs"][name] = {"command": out["command"], "machine": out["machine"]}
+        new_rows = run_corpus(name, data, args, faiss)
         del data
         args.out.mkdir(parents=True, exist_ok=True)
-        rows_all = merge_rows(previous, out["rows"])
-        (args.out / "summary.json").write_text(json.dumps(rows_all, indent=1))
+        previous = merge_rows(previous, new_rows)
+        (args.out / "summary.json").write_text(json.dumps(previous, indent=1))
         if args.methods in ("ann", "all"):
-            ann_plot(rows_all, name, args.out / f"ann_{name}.png")
-        suffix = "_ann" if args.methods == "ann" else ""  # an ANN-only run keeps issue 15's report and table
+            ann_plot(previous, name, args.out / f"ann_{name}.png")
+        out["rows"] = [r for r in previous if in_report(r)]
         (args.out / f"report{suffix}.json").write_text(json.dumps(out, indent=1))
         (args.out / f"summary{suffix}.md").write_text(markdown(out))
     print((args.out / f"summary{suffix}.md").read_text())
