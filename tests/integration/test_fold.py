@@ -2,7 +2,9 @@
 --promote``, and the gateway serves the folded version (every upsert top-1 for its own text at width "full"
 from the version itself, no deleted id returned, the delta segment emptied); a rollback serves the old version
 again with the writes replayed into the delta segment (none lost) and the next fold folds them again; a fold
-killed with -9 while it writes its version leaves no version (its draft is cleaned) and the next fold completes.
+killed with -9 while it writes its version leaves no version (its draft is cleaned) and the next fold completes;
+and the issue's scale: 10,000 upserts and 1,000 deletes, each upsert top-1 for its own text at once and after the
+fold, no deleted id returned by any search sent after its 202 (a searcher beside the writes).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from threadpoolctl import threadpool_limits
 
-from engine.io.beir import load_qrels, load_queries
+from engine.io.beir import load_corpus, load_qrels, load_queries
 from engine.registry import open_registry
 from engine.version import store
 from engine.version.manifest import read_manifest
@@ -226,3 +229,142 @@ def test_a_drift_beyond_the_threshold_refits(pristine_home, tmp_path, claims, en
     m = read_manifest(coll_dir(home) / report["version"])
     assert m.writes.fitting == "refitted" and m.writes.folded_seq == 2 and m.router.pairs and m.recall_policy
     assert not set(gone) & set(json.loads((coll_dir(home) / report["version"] / "doc_ids.json").read_text()))
+
+
+SCALE_UPSERTS = 10_000   # the issue's must-show scale
+SCALE_DELETES = 1_000    # half version documents, half new ones
+SCALE_BATCH = 100
+QUOTES = set('"\u201c\u201d\u201e\u201f\u00ab\u00bb')
+
+
+def corpus_sentences(n: int) -> list[str]:
+    """``n`` distinct sentences of SciFact abstracts (80..300 characters, no straight or curly quote marks: a
+    quoted phrase restricts a search, and restricted searches do not see delta documents), none equal to a
+    corpus document's text, none equal to another after case folding (the encoder is uncased: two such texts
+    would tie), in a seeded order: new documents that are top-1 for their own text only if the index finds
+    exactly them."""
+    import random
+    import re
+
+    docs = load_corpus(SCIFACT)
+    whole = {" ".join(d.encoder_text().lower().split()) for d in docs}
+    seen, out = set(), []
+    for d in docs:
+        for s in re.split(r"(?<=[.!?])\s+", d.text):
+            s = " ".join(s.split())
+            key = s.lower()
+            if 80 <= len(s) <= 300 and not QUOTES & set(s) and key not in seen and key not in whole:
+                seen.add(key)
+                out.append(s)
+    assert len(out) >= n, f"SciFact has only {len(out)} usable sentences"
+    random.Random(0).shuffle(out)
+    return out[:n]
+
+
+def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_after_folding(pristine_home,
+                                                                                               tmp_path):
+    """The issue's must-show at its scale: 10,000 upserts and 1,000 deletes over HTTP.  Every upsert is top-1
+    for its own text at width "full" in the first search after its 202 (the delta segment) and after the fold
+    (the version); no deleted id is returned by any search sent after its delete's 202, checked by a searcher
+    running beside the writes and after the fold."""
+    home = copy_home(pristine_home, tmp_path / "home")
+    base = store.read_live_pointer(coll_dir(home))
+    base_ids = json.loads((coll_dir(home) / base / "doc_ids.json").read_text())
+    base_texts = dict(zip(base_ids, json.loads((coll_dir(home) / base / "encoder_text.json").read_text())))
+    texts = corpus_sentences(SCALE_UPSERTS)
+    new = [(f"scale-{k:05d}", t) for k, t in enumerate(texts)]
+    text_of = dict(new)
+    victims = base_ids[:SCALE_DELETES // 2] + [i for i, _ in new[::2 * SCALE_UPSERTS // SCALE_DELETES]]
+    assert len(victims) == SCALE_DELETES
+    text_of.update({d: " ".join(base_texts[d][:1000].replace('"', " ").split()) for d in victims[:SCALE_DELETES // 2]})
+
+    acked_del: set[str] = set()
+    violations: list = []
+    searches = [0]
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def searcher(url: str) -> None:
+        """Searches the deleted (and soon deleted) texts in every mode until stopped; records any deleted id
+        returned by a search sent after the delete's 202."""
+        with httpx.Client(base_url=url, timeout=60) as http:
+            k = 0
+            while not stop.is_set():
+                with lock:
+                    gone = set(acked_del)
+                pick = victims[k % SCALE_DELETES:k % SCALE_DELETES + 8]
+                k += 8
+                queries = [{"query": text_of[v], "k": 10, **kw} for v in pick
+                           for kw in ({"width": "full"}, {}, {"mode": "lexical"})]
+                try:
+                    r = http.post(f"{C}/search/batch", json={"queries": queries})
+                except httpx.TransportError as e:  # a failed search is a violation too
+                    violations.append(("transport", type(e).__name__, str(e)))
+                    continue
+                if r.status_code != 200:
+                    violations.append(("status", r.status_code, r.text[:300]))
+                    continue
+                searches[0] += len(queries)
+                for q, res in zip(queries, r.json()["results"]):
+                    hit = {h["id"] for h in res["results"]} & gone
+                    if hit:
+                        violations.append(("deleted id returned", sorted(hit)[:3], q.get("mode"), q.get("width")))
+
+    with running(home) as gw, httpx.Client(base_url=gw.url, timeout=120) as http:
+        thread = threading.Thread(target=searcher, args=(gw.url,), daemon=True)
+        thread.start()
+        try:
+            late = []
+            for start in range(0, SCALE_UPSERTS, SCALE_BATCH):
+                batch = new[start:start + SCALE_BATCH]
+                r = put(http, [{"id": i, "text": t} for i, t in batch])
+                assert r.status_code == 202, r.text
+                r = http.post(f"{C}/search/batch", json={"queries": [{"query": t, "k": 10, "width": "full"}
+                                                                     for _, t in batch]})
+                assert r.status_code == 200, r.text
+                top = [res["results"][0]["id"] for res in r.json()["results"]]
+                late += [(i, got) for (i, _), got in zip(batch, top) if got != i]
+            assert not late, f"{len(late)} upserts were not top-1 for their own text: {late[:5]}"
+            for start in range(0, SCALE_DELETES, SCALE_BATCH):
+                chunk = victims[start:start + SCALE_BATCH]
+                r = http.post(f"{C}/documents/delete", json={"ids": chunk}, headers=AUTH)
+                assert r.status_code == 202, r.text
+                with lock:
+                    acked_del.update(chunk)
+            w = writes(http)
+            assert (w["pending_upserts"], w["pending_deletes"]) == (SCALE_UPSERTS - SCALE_DELETES // 2,
+                                                                    SCALE_DELETES)
+
+            report = fold(home, "--promote")
+            assert report["folded"] and report["promoted"] and report["folded_seq"] == w["last_accepted_seq"]
+            half = SCALE_DELETES // 2
+            assert report["changes"] == {"upserted": SCALE_UPSERTS - half, "added": SCALE_UPSERTS - half,
+                                         "replaced": 0, "deleted": half}
+            assert report["documents"] == len(base_ids) + SCALE_UPSERTS - SCALE_DELETES
+            assert report["embeddings_from_log"] == SCALE_UPSERTS  # nothing written is encoded twice
+            wait_live(http, report["version"])
+            assert (writes(http)["pending_upserts"], writes(http)["pending_deletes"]) == (0, 0)
+        finally:
+            stop.set()
+            thread.join(120)
+        assert not violations, violations[:5]
+        assert searches[0] > 0
+        gone = set(victims)
+        kept = [(i, t) for i, t in new if i not in gone]
+        wrong = []
+        for start in range(0, len(kept), SCALE_BATCH):
+            batch = kept[start:start + SCALE_BATCH]
+            r = http.post(f"{C}/search/batch", json={"queries": [{"query": t, "k": 10, "width": "full"}
+                                                                 for _, t in batch]})
+            assert r.status_code == 200, r.text
+            for (i, _), res in zip(batch, r.json()["results"]):
+                assert res["trace"]["index_version"] == report["version"]
+                if res["results"][0]["id"] != i:
+                    wrong.append((i, res["results"][0]["id"]))
+        assert not wrong, f"{len(wrong)} of {len(kept)} upserts not top-1 after folding: {wrong[:5]}"
+        for start in range(0, SCALE_DELETES, 25):
+            chunk = victims[start:start + 25]
+            r = http.post(f"{C}/search/batch", json={"queries": [{"query": text_of[v], "k": 10, **kw} for v in chunk
+                                                                 for kw in ({"width": "full"}, {})]})
+            assert r.status_code == 200
+            assert not {h["id"] for res in r.json()["results"] for h in res["results"]} & gone
