@@ -24,7 +24,7 @@ fitted to SciFact's PCA-rotated documents).
 Rows (``bench/results/scale/summary.json``): corpus, n_docs, method, threads, recall_at_10, ndcg_at_10,
 p50_ms, p95_ms, p99_ms, qps, memory_mib, coordinates_per_query (multiply-adds), coordinate_share (of N·D),
 build_s, params.  Latencies exclude encoding; ours include rotating the query, planning and the recall
-policy's LightGBM call.
+policy's LightGBM call; Panorama and the funnel include rotating the query too (they run on the rotation).
 
 ANN methods (issue 19; ``--methods ann``, or ``all`` for both sets), each tuned on the **training** queries to
 recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.effort_grid` reaching t):
@@ -212,8 +212,18 @@ def flat_method(X_rot: np.ndarray, Q: dict, faiss, set_omp) -> Method:
     return Method("faiss_flat", flat_run, N * D * 4, flat_build, {}, set_omp)
 
 
-def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) -> list[Method]:
+def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss, R: np.ndarray | None = None,
+                  E: dict | None = None) -> list[Method]:
+    """faiss flat, Panorama and the static funnel.  With ``R`` ((D, D) float32, the PCA rotation) and ``E`` (the
+    raw query embeddings), the two methods that depend on the rotation (Panorama, the funnel) rotate each query
+    inside their timed call, as ours does, so every method starts from the encoder's embedding; flat does
+    not need the rotation (inner products are invariant under it)."""
     N, D = X_rot.shape
+
+    def rotated(which, i):
+        if R is None or E is None:
+            return Q[which][i:i + 1]
+        return E[which][i:i + 1] @ R.T
 
     def set_omp(t):
         faiss.omp_set_num_threads(t)
@@ -226,7 +236,7 @@ def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) ->
 
     def pan_run(i, which):
         faiss.cvar.indexPanorama_stats.reset()
-        _, I = pan.search(Q[which][i:i + 1], K)
+        _, I = pan.search(rotated(which, i), K)
         return I[0], int(faiss.cvar.indexPanorama_stats.ratio_dims_scanned * N * D)
 
     out.append(Method("faiss_flat_panorama", pan_run, N * D * 4 + N * 9 * 4, pan_build, {"n_levels": 8,
@@ -262,9 +272,10 @@ def faiss_methods(X_rot: np.ndarray, Q: dict, truth_train: np.ndarray, faiss) ->
     Qm = {w: np.ascontiguousarray(Q[w][:, :m1]) for w in Q}
 
     def funnel_run(i, which):
-        _, I = idx.search(Qm[which][i:i + 1], C)
+        q = rotated(which, i)
+        _, I = idx.search(np.ascontiguousarray(q[:, :m1]) if E is not None else Qm[which][i:i + 1], C)
         cand = I[0][I[0] >= 0]
-        sc = X_rot[cand] @ Q[which][i]
+        sc = X_rot[cand] @ q[0]
         return cand[np.argsort(-sc, kind="stable")[:K]], N * m1 + len(cand) * D
 
     out.append(Method("static_funnel", funnel_run, N * m1 * 4 + N * D * 4, funnel_build,
@@ -500,7 +511,7 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
     print(f"[{name}] N={N:,}: exhaustive truth done", flush=True)
     methods = []
     if args.methods in ("base", "all"):
-        methods += faiss_methods(X_rot, Q, truth["train"], faiss)
+        methods += faiss_methods(X_rot, Q, truth["train"], faiss, R, E)
         ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
         methods += ours
     if args.methods in ("ann", "all"):

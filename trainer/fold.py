@@ -182,9 +182,9 @@ def fold_options(pending: PendingWrites, collection: str, documents: list[Docume
 
 def seed_logged_embeddings(records: list[dict], encoder, cache_path: Path | str) -> int:
     """Put the embeddings logged with upsert ``records`` into the embedding cache at ``cache_path``, keyed by
-    content as the build reads them, when they were made by ``encoder`` (same fingerprint); returns how many
-    documents' embeddings were put (0 for records of another encoder or without embeddings: the build
-    encodes those)."""
+    content as the build reads them, when they were made by ``encoder`` (same fingerprint) and the cache does
+    not hold the text yet; returns how many documents' embeddings the log provided (0 for records of another
+    encoder or without embeddings: the build encodes those)."""
     fp = encoder_fingerprint(encoder)
     items = {}
     for rec in records:
@@ -193,12 +193,18 @@ def seed_logged_embeddings(records: list[dict], encoder, cache_path: Path | str)
         E = unpack_embeddings(rec, fp, encoder.dimension)
         if E is not None:
             items.update({content_key(encoder_text(d), fp): e for d, e in zip(rec["docs"], E)})
-    if items:
-        cache = EmbeddingCache(cache_path, encoder.dimension)
-        try:
-            cache.put_many(items)
-        finally:
-            cache.close()
+    if not items:
+        return 0
+    cache = EmbeddingCache(cache_path, encoder.dimension)
+    try:
+        # never replace a cached vector: a text the cache holds (a corpus document or a query written again as
+        # a document) keeps the vector every build read, so builds stay reproducible; the logged one is equal
+        # up to batch rounding (~1e-7) and only new texts need it
+        have = cache.get_many(list(items))
+        fresh = {k: v for k, v in items.items() if k not in have}
+        cache.put_many(fresh)
+    finally:
+        cache.close()
     return len(items)
 
 
