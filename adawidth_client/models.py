@@ -135,6 +135,10 @@ class Trace:
     effort: int | None = None
     """ANN backends: the effort used (nprobe or efSearch, see ``effort_name``)."""
     effort_name: str | None = None
+    effort_per_query: bool | None = None
+    """ANN backends: True when a per-query model chose the effort from a probe search."""
+    probe_coordinates: int | None = None
+    """ANN backends: multiply-adds of that probe (included in ``coordinates_scored``)."""
     served_exact_because: str | None = None
     """Set when a 'recall' request on an ANN version was served by the exact path, and why."""
     delta: dict[str, int | bool] | None = None

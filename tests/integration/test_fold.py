@@ -29,7 +29,8 @@ from engine.version import store
 from engine.version.manifest import read_manifest
 from engine.wal import FileWriteLog
 from tests.conftest import ROOT, SCIFACT, VAR, build_home
-from tests.integration.test_live_documents import AUTH, C, copy_home, put, running, search, writes
+from tests.integration.test_live_documents import copy_home, put, running, search
+from tests.live_support import AUTH, C, coll_dir, fold, fold_env, trainer, wait_live, writes
 from trainer.build import BuildOptions
 from trainer.config import TrainerSettings
 from trainer.fold import fold_collection
@@ -39,38 +40,6 @@ pytestmark = pytest.mark.integration
 
 UPSERTS = 40
 DELETES = 12
-
-
-def fold_env(home: Path) -> dict:
-    """The trainer's environment: the test home, the shared embedding cache (the corpus is not re-encoded), the
-    file registry, one thread."""
-    env = dict(os.environ, ADAWIDTH_HOME=str(home), ADAWIDTH_EMBEDDING_CACHE=str(VAR / "cache" / "embeddings.sqlite"),
-               ADAWIDTH_ENCODER_THREADS="1", OMP_NUM_THREADS="1")
-    for name in ("REDIS_URL", "ADAWIDTH_REDIS_URL"):
-        env.pop(name, None)
-    return env
-
-
-def trainer(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, env=fold_env(home), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def fold(home: Path, *args: str) -> dict:
-    r = trainer(home, "fold", "--collection", "scifact", *args)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def coll_dir(home: Path) -> Path:
-    return home / "indexes" / "scifact"
-
-
-def wait_live(http, version: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while writes(http)["live_version"] != version:
-        assert time.monotonic() < deadline, f"{version} never went live: {writes(http)}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -29,17 +29,15 @@ from adawidth_client import Client, ServerExited
 from engine.io.beir import load_corpus, load_qrels, load_queries
 from tests.conftest import ROOT, SCIFACT, build_home, free_port
 from tests.cutover_support import stop_process_group
+from tests.live_support import AUTH, C, WRITE_KEY, fold, wait_live, writes  # noqa: F401  (re-exported to the tests)
 
 pytestmark = pytest.mark.integration
 
-WRITE_KEY = "wrt-Qz8Lp3Vx7Kd2Rm5Tn9Hc"
-AUTH = {"authorization": f"Bearer {WRITE_KEY}"}
 UPSERTS = 240          # SciFact test queries (claims) written as new documents
 DELETES = 40           # version documents deleted (plus a share of the new ones)
 BATCH = 20
 MAX_BODY = 64 * 1024
 MAX_CHARS = 20_000
-C = "/v1/collections/scifact"
 
 
 class Gateway:
@@ -121,12 +119,6 @@ def search(http, query: str, **kw) -> dict:
     """One search of ``query`` with its quote marks dropped (a quoted string is an exact-phrase restriction, and
     restricted searches do not see delta documents)."""
     r = http.post(f"{C}/search", json={"query": query.replace('"', " "), **kw})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def writes(http) -> dict:
-    r = http.get(f"{C}/writes", headers=AUTH)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -409,7 +401,6 @@ def test_every_acknowledged_write_survives_kill_9_during_a_burst(pristine_home, 
 
             # folded into a version: every write the log holds is in it, counted exactly, and its embeddings come
             # from the log (nothing is encoded again)
-            from tests.integration.test_fold import fold, wait_live
             base_docs = json.loads((home / "indexes" / "scifact" / writes(http)["live_version"] / "doc_ids.json")
                                    .read_text())
             report = fold(home, "--promote")

@@ -20,7 +20,7 @@ from engine.registry import open_registry
 from engine.version import retention, store
 from engine.version.retention import DiskSpaceError, collection_bytes
 from tests.conftest import ROOT, SCIFACT, VAR, build_home
-from tests.integration.test_fold import fold_env
+from tests.live_support import fold_env
 from trainer import cli
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
