@@ -14,7 +14,9 @@ return stored text regardless of any access policy, so they are guarded too).  A
 (:func:`parse_documents`, :func:`parse_delete`): any bad document refuses the batch with its code and nothing
 is written.  An accepted batch is encoded, appended to the collection's write-ahead log with fsync and applied
 to its delta segment (:class:`engine.live.LiveCollection`) before the 202, so it is durable and searchable
-when acknowledged.  The rules: docs/LIVE_DOCUMENTS.md.
+when acknowledged.  The log is the file log on the index volume (one writer process), or with ``REDIS_URL`` the
+collection's Redis stream, which every replica appends to and follows (:class:`LogFollower`).  The rules:
+docs/LIVE_DOCUMENTS.md.
 """
 
 from __future__ import annotations

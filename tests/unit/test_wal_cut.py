@@ -152,3 +152,28 @@ def test_retention_cuts_the_redis_stream(tmp_path, monkeypatch):
         assert "WalUnavailable" in down["error"]
     finally:
         srv.kill()
+
+
+def test_a_log_started_after_a_folded_seq_numbers_on_from_it(tmp_path):
+    """Moving a collection between the file log and Redis after a fold: the new log is started at the live
+    version's folded seq S by setting its cut point (and, for Redis, its counter) to S (docs/LIVE_DOCUMENTS.md)."""
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / CUT_FILE).write_text("5\n")
+    log = FileWriteLog(tmp_path / "wal")
+    assert log.last_seq == 5 and log.append(upsert(6)) == 6
+    assert [r["seq"] for r in read_log(tmp_path / "wal", 5)] == [6]
+    log.close()
+    srv = RedisServer(tmp_path / "redis")
+    srv.start()
+    try:
+        import redis
+        r = redis.Redis.from_url(srv.url)
+        r.set("adawidth:wal:c:seq", 5), r.set("adawidth:wal:c:cut", 5)
+        rlog = RedisWriteLog(srv.url, "c")
+        assert rlog.last_seq == 5 and rlog.append(upsert(6)) == 6
+        assert [x["seq"] for x in rlog.replay(5)] == [6]
+        with pytest.raises(WalCut):
+            list(rlog.replay(0))
+        rlog.close()
+    finally:
+        srv.kill()
