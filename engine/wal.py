@@ -30,8 +30,8 @@ first, atomically, to ``wal/CUT``: a reader then knows that records up to it are
 from before it raises :class:`WalCut` instead of silently starting later.
 
 :class:`engine.wal_redis.RedisWriteLog` (``REDIS_URL``) keeps the log in a Redis stream, shared by every
-replica; :func:`open_write_log`, :func:`log_records` and :func:`cut_log` pick the implementation from the
-settings, as :func:`engine.registry.open_registry` picks the registry.
+replica; :mod:`engine.write_logs` picks the implementation from the settings, as
+:func:`engine.registry.open_registry` picks the registry.
 """
 
 from __future__ import annotations
@@ -70,7 +70,11 @@ class WalLocked(WalError):
 
 
 class WalUnavailable(WalError):
-    """The log's store cannot be reached (Redis down, a timeout), or refuses to promise durability."""
+    """The log's store cannot be reached (Redis down, a timeout), or refuses to promise durability.
+
+    ``transient`` is True: a cutover whose replay meets it is retried on the next reconcile, not refused."""
+
+    transient = True
 
 
 class WalCut(WalError):
@@ -404,7 +408,8 @@ def read_cut(directory: Path | str) -> int:
     return int(text)
 
 
-def _read_segments(directory: Path, after: int, last: int | None, *, tolerate_torn_tail: bool = False) -> Iterator[dict]:
+def _read_segments(directory: Path, after: int, last: int | None, *,
+                   tolerate_torn_tail: bool = False) -> Iterator[dict]:
     """Records ``after < seq <= last`` (``last`` None: to the end) of the segments in ``directory``, in order,
     checking that they follow each other without a gap from the first one wanted (``after + 1``)."""
     cut = read_cut(directory)
@@ -496,63 +501,3 @@ def cut_file_log(directory: Path | str, before_seq: int, *, dry_run: bool = Fals
         finally:
             os.close(fd)
     return {"cut_seq": new, "removed": [s.name for s in doomed], "bytes_freed": freed}
-
-
-# -- choosing the implementation (as engine.registry.open_registry does) ------------------------------------------
-def wal_directory(index_root: Path | str, collection: str) -> Path:
-    """``<index_root>/<collection>/wal``: the file log of a collection."""
-    return Path(index_root) / collection / "wal"
-
-
-def open_write_log(collection: str, *, redis_url: str | None, index_root: Path | str,
-                   require_fsync: bool = True) -> WriteLog:
-    """The writer's log of ``collection``: a Redis stream when ``redis_url`` is set
-    (:class:`engine.wal_redis.RedisWriteLog`, shared by replicas), else the file log on the index volume
-    (:class:`FileWriteLog`, one writer).
-
-    Raises:
-        WalLocked: (file) another process holds the log.
-        WalUnavailable: (Redis) unreachable, or not configured to fsync before answering (``require_fsync``).
-        WalCorrupt: the existing log is unreadable.
-    """
-    if redis_url:
-        from engine.wal_redis import RedisWriteLog
-        return RedisWriteLog(redis_url, collection, require_fsync=require_fsync)
-    return FileWriteLog(wal_directory(index_root, collection))
-
-
-def log_records(collection: str, after: int = 0, *, redis_url: str | None, index_root: Path | str) -> list[dict]:
-    """The records with ``seq > after`` of ``collection``'s log, read as a reader (no writer lock, no
-    durability check): the Redis stream when ``redis_url`` is set, else :func:`read_log` of the file log.
-
-    Raises:
-        WalCut: ``after`` is below the log's cut point.
-        WalCorrupt: an unreadable record or a gap.
-        WalUnavailable: (Redis) unreachable.
-    """
-    if redis_url:
-        from engine.wal_redis import RedisWriteLog
-        log = RedisWriteLog(redis_url, collection, check_durability=False)
-        try:
-            return list(log.replay(after))
-        finally:
-            log.close()
-    return list(read_log(wal_directory(index_root, collection), after))
-
-
-def cut_log(collection: str, before_seq: int, *, redis_url: str | None, index_root: Path | str,
-            dry_run: bool = False) -> dict:
-    """Cut ``collection``'s log up to ``before_seq`` (:func:`cut_file_log`, or ``XTRIM MINID`` of the Redis
-    stream); returns ``{"backend": "file" | "redis", "cut_seq": int, ...}``.
-
-    Raises:
-        WalError: the store refused or is unreachable.
-    """
-    if redis_url:
-        from engine.wal_redis import RedisWriteLog
-        log = RedisWriteLog(redis_url, collection, check_durability=False)
-        try:
-            return {"backend": "redis", **log.cut_report(before_seq, dry_run=dry_run)}
-        finally:
-            log.close()
-    return {"backend": "file", **cut_file_log(wal_directory(index_root, collection), before_seq, dry_run=dry_run)}

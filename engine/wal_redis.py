@@ -270,8 +270,9 @@ class RedisWriteLog(WriteLog):
         raise WalCorrupt(f"{self.stream}: record {expected} is missing (next: {got}); the stream lost entries")
 
     def follow(self, after: int, timeout_s: float) -> bool:
-        """See :meth:`engine.wal.WriteLog.follow`: ``XREAD BLOCK`` for an entry after ``<after>-0``."""
-        block = max(1, int(timeout_s * 1000))
+        """See :meth:`engine.wal.WriteLog.follow`: ``XREAD BLOCK`` for an entry after ``<after>-0`` (the block
+        is kept half a second under the socket timeout, so a quiet stream is not mistaken for a dead Redis)."""
+        block = max(1, int(min(timeout_s, self.socket_timeout_s - 0.5) * 1000))
         with self._errors():
             got = self.client.xread({self.stream: f"{int(after)}-0"}, count=1, block=block)
         return bool(got)

@@ -36,7 +36,8 @@ from engine.encoder import encoder_fingerprint
 from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest_folded_seq
 from engine.plan import has_lone_surrogate, is_blank
 from engine.version import store
-from engine.wal import WalCorrupt, WalError, WalUnavailable, open_write_log
+from engine.wal import WalCorrupt, WalError, WalUnavailable
+from engine.write_logs import open_write_log
 from service import examples as ex
 from service.auth import require_write_key
 from service.errors import ApiError
@@ -272,7 +273,7 @@ class LogFollower:
 class LiveDocuments:
     """The :class:`engine.live.LiveCollection` of every collection the gateway serves, opened at start.
 
-    The log is picked by the gateway's ``REDIS_URL``, as the registry is (:func:`engine.wal.open_write_log`):
+    The log is picked by the gateway's ``REDIS_URL``, as the registry is (:func:`engine.write_logs.open_write_log`):
     without it the file log on the index volume (one writer process a collection: another replica answers its
     writes 503 ``writes_unavailable`` and does not see the writer's segment); with it the collection's Redis
     stream, which every replica appends to and follows (:class:`LogFollower`).
@@ -332,7 +333,8 @@ class LiveDocuments:
         wal = open_write_log(name, redis_url=s.redis_url, index_root=versions.index_root,
                              require_fsync=s.wal_require_fsync)
         try:
-            live = LiveCollection(name, wal, encoder.dimension, encoder.encode, fingerprint=encoder_fingerprint(encoder))
+            live = LiveCollection(name, wal, encoder.dimension, encoder.encode,
+                                  fingerprint=encoder_fingerprint(encoder))
             base = folded_seq(versions.live) if versions.live is not None else 0
             if wal.last_seq < base:
                 raise WalCorrupt(f"the {self.backend} write-ahead log of {name} ends at seq {wal.last_seq} but the "

@@ -4,7 +4,7 @@
 
 1. The live version (the registry's) and its folded sequence number ``S0`` (manifest ``writes.folded_seq``;
    0 for a version built from a corpus alone).
-2. The log records after ``S0`` (:func:`engine.wal.log_records`: the collection's Redis stream when
+2. The log records after ``S0`` (:func:`engine.write_logs.log_records`: the collection's Redis stream when
    ``REDIS_URL`` is set, else the file log read without the gateway's writer lock; the last whole record read
    is the new folded sequence number ``S``).
 3. The new corpus: the live version's documents (its ids, its encoder texts ``encoder_text.json`` and its
@@ -43,7 +43,8 @@ from engine.live import encoder_text, manifest_folded_seq
 from engine.registry import open_registry
 from engine.version import files, store
 from engine.version.manifest import Manifest, read_manifest
-from engine.wal import log_records, unpack_embeddings
+from engine.wal import unpack_embeddings
+from engine.write_logs import log_records
 from trainer.build import DEFAULT_PAIRS, BuildOptions, build_index
 from trainer.embed_cache import EmbeddingCache, content_key
 from trainer.registry_cli import promote_with_gate

@@ -5,8 +5,8 @@ registry's state and replica reports, and the disk check of a build or fold.
 every successful build and fold runs it after publishing (settings ``keep_versions``, ``lease_fresh_seconds``).
 
 **The log cut.**  After the versions are decided, the collection's write-ahead log is cut
-(:func:`engine.wal.cut_log`) up to the smallest folded sequence number of every version retention kept (live,
-previous, candidates, leased, newest): a rollback to any kept version replays the records after its folded
+(:func:`engine.write_logs.cut_log`) up to the smallest folded sequence number of every version retention kept
+(live, previous, candidates, leased, newest): a rollback to any kept version replays the records after its folded
 sequence number, so only records every kept version holds are removed.  An unreadable kept manifest, or a kept
 version built from the corpus alone (folded sequence 0), cuts nothing.
 """
@@ -21,7 +21,8 @@ from engine.registry import open_registry
 from engine.version import store
 from engine.version.manifest import IndexVersionError, read_manifest
 from engine.version.retention import apply_retention, check_free_space, directory_bytes, estimate_version_bytes
-from engine.wal import WalError, cut_log
+from engine.wal import WalError
+from engine.write_logs import cut_log
 
 log = logging.getLogger("trainer.retention")
 

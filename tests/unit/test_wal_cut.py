@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from engine.live import LiveCollection
-from engine.wal import (CUT_FILE, FileWriteLog, WalCorrupt, WalCut, cut_file_log, log_records, read_cut, read_log)
+from engine.wal import CUT_FILE, FileWriteLog, WalCorrupt, WalCut, cut_file_log, read_cut, read_log
 from engine.wal_redis import RedisWriteLog
+from engine.write_logs import log_records
 from tests.cutover_support import RedisServer
 from trainer import retention as trainer_retention
 

@@ -12,9 +12,9 @@ import redis
 
 from engine import wal_redis
 from engine.live import LiveCollection
-from engine.wal import (WalCorrupt, WalCut, WalUnavailable, cut_log, decode_record, encode_record, log_records,
-                        open_write_log)
+from engine.wal import WalCorrupt, WalCut, WalUnavailable, decode_record, encode_record
 from engine.wal_redis import RedisWriteLog
+from engine.write_logs import cut_log, log_records, open_write_log
 from tests.cutover_support import RedisServer
 
 
