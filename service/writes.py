@@ -50,6 +50,9 @@ MAX_ID_CHARS = 512
 """Longest document id accepted, in characters."""
 DOCUMENT_KEYS = frozenset({"id", "title", "text", "fields"})
 NDJSON = "application/x-ndjson"
+FOLLOW_BACKOFF_MIN_S = 0.1
+FOLLOW_BACKOFF_MAX_S = 0.5
+"""Retry backoff of a log follower while its log is unreachable, in seconds."""
 
 
 # -- validation ---------------------------------------------------------------------------------------------------
@@ -220,8 +223,10 @@ class LogFollower:
     """The follower of one collection's shared log (Redis): a daemon thread that waits in ``XREAD BLOCK``
     (:meth:`engine.wal.WriteLog.follow`) for records after the segment's last applied one and applies them
     (:meth:`engine.live.LiveCollection.catch_up`), so this replica's delta segment holds every replica's writes.
-    While the log is unreachable it retries with backoff (doubling from 0.2 s to ``registry_backoff_max_s``,
-    ±20 % jitter); when the collection could not be opened at start it keeps trying to open it.
+    While the log is unreachable it retries with backoff (doubling from :data:`FOLLOW_BACKOFF_MIN_S` to
+    :data:`FOLLOW_BACKOFF_MAX_S`, ±20 % jitter: one connection attempt, cheap, so the segment catches up and
+    ``/readyz`` clears within half a second of Redis' return); when the collection could not be opened at start
+    it keeps trying to open it.
 
     Args:
         docs: the :class:`LiveDocuments` it belongs to.
@@ -241,27 +246,29 @@ class LogFollower:
         return self
 
     def _run(self) -> None:
-        settings = self.docs.state.settings
-        backoff, block = 0.2, float(settings.wal_follow_block_s)
+        block = float(self.docs.state.settings.wal_follow_block_s)
+        backoff = FOLLOW_BACKOFF_MIN_S
         while not self._stop.is_set():
             try:
                 if self.live is None:
                     self.live = self.docs._open_one(self.name, self.versions)
                     self.docs.errors.pop(self.name, None)
+                if self.error is not None:  # recovering: one round trip without blocking clears the error at once
+                    self.live.catch_up()
+                    log.info("write-ahead log follower of %s recovered at seq %d", self.name, self.live.applied)
+                    self.error, backoff = None, FOLLOW_BACKOFF_MIN_S
                 if self.live.log.follow(self.live.applied, block) and not self._stop.is_set():
                     self.live.catch_up()
-                if self.error is not None:
-                    log.info("write-ahead log follower of %s recovered at seq %d", self.name, self.live.applied)
-                self.error, backoff = None, 0.2
             except (WalError, OSError, DegenerateDocument) as e:
                 if self.error is None:
                     log.error("write-ahead log follower of %s: %s: %s (retrying)", self.name, type(e).__name__, e)
                 self.error = f"{type(e).__name__}: {e}"
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
-                backoff = min(2 * backoff, float(settings.registry_backoff_max_s))
+                backoff = min(2 * backoff, FOLLOW_BACKOFF_MAX_S)
             except Exception:  # never let the thread die silently
                 log.exception("write-ahead log follower of %s failed; retrying", self.name)
-                self._stop.wait(backoff)
+                self.error = "unexpected error (see the gateway's log)"
+                self._stop.wait(FOLLOW_BACKOFF_MAX_S)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (it leaves its blocking read within ``wal_follow_block_s``)."""
