@@ -205,19 +205,25 @@ class RedisWriteLog(WriteLog):
             try:
                 # redis-py retries once on a broken connection; a retry after a lost reply appends the batch a
                 # second time under the next seq, which is harmless (applying a batch twice changes nothing)
-                seq = int(self._append(keys=[self.stream, self.counter], args=[line]))
+                if not self._waitaof:
+                    seq = int(self._append(keys=[self.stream, self.counter], args=[line]))
+                else:  # WAITAOF waits for the writes of *its connection*: one pipeline keeps both on one
+                    pipe = self.client.pipeline(transaction=False)
+                    self._append(keys=[self.stream, self.counter], args=[line], client=pipe)
+                    pipe.execute_command("WAITAOF", 1, 0, int(self.socket_timeout_s * 1000))
+                    seq, waited = pipe.execute(raise_on_error=False)
+                    if isinstance(seq, Exception):
+                        raise seq
+                    seq = int(seq)
+                    if isinstance(waited, Exception):  # e.g. appendonly switched off meanwhile
+                        raise WalUnavailable(f"{self.stream}: record {seq} written, but WAITAOF failed: {waited}")
+                    if int(waited[0]) < 1:
+                        raise WalUnavailable(f"{self.stream}: record {seq} not in the append-only file within "
+                                             f"{self.socket_timeout_s} s")
             except redis.ResponseError as e:
                 if "ADAWIDTH_WAL" in str(e):
                     raise WalCorrupt(f"{self.stream}: {e}; the log was lost (restore Redis' append-only file)") from e
                 raise WalError(f"{self.stream}: append refused: {e}") from e
-            if self._waitaof:
-                try:
-                    local, _ = self.client.execute_command("WAITAOF", 1, 0, int(self.socket_timeout_s * 1000))
-                except redis.ResponseError as e:  # e.g. appendonly switched off meanwhile
-                    raise WalUnavailable(f"{self.stream}: WAITAOF failed: {e}") from e
-                if int(local) < 1:
-                    raise WalUnavailable(f"{self.stream}: record {seq} not in the append-only file within "
-                                         f"{self.socket_timeout_s} s")
         return seq
 
     def _decode_entry(self, entry_id, fields) -> dict:

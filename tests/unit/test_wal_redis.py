@@ -214,3 +214,19 @@ def test_two_live_collections_on_one_stream_hold_each_others_writes(server, name
     a.advance(4)
     assert a.applied == 4 and a.catch_up() == 0 and "d7" not in a.snapshot().docs
     a.close(), b.close()
+
+
+def test_waitaof_runs_on_the_appends_connection_where_the_server_has_it(server, name):
+    log = RedisWriteLog(server.url, name)
+    version = redis.Redis.from_url(server.url).info("server")["redis_version"]
+    assert log.durability["waitaof"] == (tuple(int(x) for x in version.split(".")[:2]) >= (7, 2))
+    if log.durability["waitaof"]:
+        assert log.append(upsert(1)) == 1  # WAITAOF 1 0 confirmed the local append-only file
+    else:
+        # this server (< 7.2) has no WAITAOF: forced on, the append still goes through the one pipeline and is
+        # then refused, since the fsync cannot be confirmed
+        log._waitaof = True
+        with pytest.raises(WalUnavailable, match="record 1 written, but WAITAOF failed"):
+            log.append(upsert(1))
+        assert log.last_seq == 1
+    log.close()
