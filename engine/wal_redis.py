@@ -42,6 +42,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from engine.registry.redis_store import unreachable_as
 from engine.registry.state import COLLECTION_NAME
 from engine.wal import WalCorrupt, WalCut, WalError, WalUnavailable, WriteLog, decode_record, encode_record
 
@@ -126,15 +127,8 @@ class RedisWriteLog(WriteLog):
                 self.client.ping()
 
     # -- connection and durability ------------------------------------------------------------------------------
-    def _redacted(self) -> str:
-        return re.sub(r"//[^@/]*@", "//***@", self.url)
-
-    @contextlib.contextmanager
     def _errors(self):
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise WalUnavailable(f"redis at {self._redacted()} unreachable: {e}") from e
+        return unreachable_as(WalUnavailable, self.url)
 
     def _check(self, *, force: bool = False) -> None:
         """Check ``appendonly`` / ``appendfsync`` (and whether ``WAITAOF`` exists) at most every
