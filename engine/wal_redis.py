@@ -20,10 +20,10 @@ the append-only file before it answers).  The log checks ``CONFIG GET`` when it 
 (:class:`engine.wal.WalUnavailable`: the gateway answers 503 ``writes_unavailable``, reads go on) when either
 setting is different or ``CONFIG`` is not allowed (a managed Redis that renames it: then set
 ``require_fsync`` off only if the provider guarantees an fsync per write).  Without ``require_fsync`` it logs a
-warning and appends anyway.  On Redis 7.2 and later each append is also followed by ``WAITAOF 1 0`` on the same connection (one
-pipeline: WAITAOF waits for its connection's writes), which returns
-once the local append-only file holds the write (and fails the append when it does not); older servers have no
-``WAITAOF`` and rely on ``appendfsync always``.
+warning and appends anyway.  On Redis 7.2 and later each append is also followed by ``WAITAOF 1 0`` on the
+same connection (one pipeline: WAITAOF waits for its own connection's writes), which returns once the local
+append-only file holds the write (and fails the append when it does not); older servers have no ``WAITAOF``
+and rely on ``appendfsync always``.
 
 **Reading**: :meth:`RedisWriteLog.replay` pages through ``XRANGE`` (:data:`PAGE` entries a call), checks the
 crc of every entry and that sequence numbers follow each other; :meth:`RedisWriteLog.follow` blocks in ``XREAD``
