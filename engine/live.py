@@ -6,6 +6,11 @@ lock, appended to the log (durable: :meth:`engine.wal.WriteLog.append` fsyncs) a
 segment; the caller acknowledges only after that, so a write is searchable when its 202 is sent, and the
 segment's order is the log's order.  At start, :meth:`LiveCollection.replay` rebuilds the segment from the
 log records after the live version's folded sequence number.
+
+**A shared log** (:attr:`engine.wal.WriteLog.shared`: the Redis stream every replica appends to): the segment
+applies every replica's records in sequence order (:meth:`LiveCollection.catch_up`, called by the gateway's
+follower when the log has records after :attr:`LiveCollection.applied`, with the embeddings logged in each
+record).  A replica's own write is applied after the records before it, before its 202 (read-your-writes).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 
 from engine.delta import DeltaSegment, DeltaSnapshot
 from engine.io.beir import Document
-from engine.wal import WriteLog, pack_embeddings, unpack_embeddings
+from engine.wal import WalCorrupt, WriteLog, pack_embeddings, unpack_embeddings
 
 MIN_EMBEDDING_NORM = 0.5
 """An encoder output (unit-norm by construction) with a smaller norm, or not finite, is never indexed."""
@@ -68,6 +73,7 @@ class LiveCollection:
         self.name, self.log, self.encode, self.fingerprint = name, log, encode, fingerprint
         self.delta = DeltaSegment(dimension)
         self.base_seq = 0  # the live version's folded sequence number: the segment holds writes after it
+        self.applied = 0  # the last log record the segment reflects (applied, or folded into the live version)
         self._lock = threading.Lock()
 
     def snapshot(self) -> DeltaSnapshot:
@@ -100,12 +106,16 @@ class LiveCollection:
     def upsert(self, docs: list[dict]) -> int:
         """Encode, log (durably) and apply one validated upsert batch; returns its sequence number.
 
+        With a shared log the records other replicas appended before this one are applied first, so the
+        segment keeps the log's order and this write is visible when the call returns.
+
         Args:
             docs: records ``{"id": str, "title": str, "text": str, "fields": dict}``, ids distinct.
 
         Raises:
             DegenerateDocument: nothing written.
-            engine.wal.WalError, OSError: the log refused the append (nothing acknowledged).
+            engine.wal.WalError, OSError: the log refused the append (nothing acknowledged), or (shared log) the
+                records before it could not be read (the write is durable but not yet applied here).
         """
         E = self.embed(docs)
         rec = {"op": "upsert", "docs": docs}
@@ -113,19 +123,62 @@ class LiveCollection:
             rec["emb"] = pack_embeddings(E, self.fingerprint)
         with self._lock:
             seq = self.log.append(rec)
-            self.delta.upsert(seq, docs, E)
+            self._catch_up_locked(seq - 1)
+            self._apply_locked({**rec, "seq": seq}, E)
         return seq
 
     def delete(self, ids: list[str]) -> int:
-        """Log (durably) and apply one delete batch; returns its sequence number.
+        """Log (durably) and apply one delete batch; returns its sequence number (shared log: as :meth:`upsert`).
 
         Raises:
             engine.wal.WalError, OSError: the log refused the append (nothing acknowledged).
         """
+        rec = {"op": "delete", "ids": list(ids)}
         with self._lock:
-            seq = self.log.append({"op": "delete", "ids": list(ids)})
-            self.delta.delete(seq, list(ids))
+            seq = self.log.append(rec)
+            self._catch_up_locked(seq - 1)
+            self._apply_locked({**rec, "seq": seq})
         return seq
+
+    def catch_up(self, until: int | None = None) -> int:
+        """Apply the log records after :attr:`applied` (up to ``until``; None: the log's end), in sequence order,
+        under the collection lock; returns how many were applied.  The upserts use their logged embeddings
+        (encoded only when a record has none of this encoder).  A shared log's follower calls this.
+
+        Raises:
+            engine.wal.WalError: the log is unreachable, cut before :attr:`applied`, or corrupt.
+            DegenerateDocument: a logged document without usable embeddings no longer encodes.
+        """
+        with self._lock:
+            return self._catch_up_locked(until)
+
+    def _catch_up_locked(self, until: int | None) -> int:
+        if until is not None and until <= self.applied:
+            return 0
+        n = 0
+        for rec in self.log.replay(self.applied, until):
+            self._apply_locked(rec)
+            n += 1
+        if until is not None and self.applied < until:
+            raise WalCorrupt(f"{self.name}: the log ends at record {self.applied}, before {until}")
+        return n
+
+    def _apply_locked(self, rec: dict, E: np.ndarray | None = None) -> None:
+        seq = int(rec["seq"])
+        if seq <= self.applied:
+            return
+        if seq != self.applied + 1:
+            raise WalCorrupt(f"{self.name}: record {seq} arrived after record {self.applied} (a gap)")
+        if seq > self.base_seq:  # else the live version folded it already
+            if rec["op"] == "upsert":
+                docs = rec["docs"]
+                if E is None and self.fingerprint is not None:
+                    E = unpack_embeddings(rec, self.fingerprint, self.delta.dimension)
+                E = self.embed(docs) if E is None else self.checked(np.asarray(E, np.float32), docs)
+                self.delta.upsert(seq, docs, E)
+            elif rec["op"] == "delete":
+                self.delta.delete(seq, list(rec["ids"]))
+        self.applied = seq
 
     def replay(self, after: int) -> dict:
         """Rebuild the delta segment from the log records with ``seq > after`` (a fresh segment).
@@ -142,8 +195,10 @@ class LiveCollection:
             D = self.delta.dimension
             latest: dict[str, tuple[int, dict | None, np.ndarray | None]] = {}
             records = reused = 0
+            applied = int(after)
             for rec in self.log.replay(after):
                 records += 1
+                applied = rec["seq"]
                 if rec["op"] == "upsert":
                     E = unpack_embeddings(rec, self.fingerprint, D) if self.fingerprint is not None else None
                     for j, d in enumerate(rec["docs"]):
@@ -170,7 +225,7 @@ class LiveCollection:
                     dels.setdefault(s, []).append(i)
             for s, ids in sorted(dels.items()):
                 delta.delete(s, ids)
-            self.delta, self.base_seq = delta, int(after)
+            self.delta, self.base_seq, self.applied = delta, int(after), applied
             snap = delta.snapshot()
             return {"records": records, "upserts": len(snap.docs), "deletes": len(snap.deleted),
                     "encoded": len(fresh), "reused_embeddings": reused}
@@ -198,15 +253,22 @@ class LiveCollection:
                     dels.setdefault(s, []).append(i)
             for s, ids in sorted(dels.items()):
                 delta.delete(s, ids)
-            self.delta, self.base_seq = delta, int(folded)
+            # records up to ``folded`` not applied here yet (a follower behind) are in the new version
+            self.delta, self.base_seq, self.applied = delta, int(folded), max(self.applied, int(folded))
             after = delta.snapshot()
             return {"dropped": len(snap.overridden) - len(after.overridden), "upserts": len(after.docs),
                     "deletes": len(after.deleted)}
 
     def status(self) -> dict:
-        """``{"last_accepted_seq", "base_seq", "pending_upserts", "pending_deletes"}`` of the collection."""
+        """``{"last_accepted_seq", "applied_seq", "base_seq", "pending_upserts", "pending_deletes"}`` of the
+        collection (``last_accepted_seq``: the log's last record, every replica's; ``applied_seq``: the last one
+        this segment reflects).
+
+        Raises:
+            engine.wal.WalError: (Redis) the log is unreachable.
+        """
         snap = self.snapshot()
-        return {"last_accepted_seq": self.log.last_seq, "base_seq": self.base_seq,
+        return {"last_accepted_seq": self.log.last_seq, "applied_seq": self.applied, "base_seq": self.base_seq,
                 "pending_upserts": len(snap.docs), "pending_deletes": len(snap.deleted)}
 
     def close(self) -> None:

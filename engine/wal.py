@@ -23,7 +23,15 @@ A reader that is not the writer (the trainer's fold, :func:`read_log`) scans the
 lock and stops at the first line that is not a whole record: the writer's append in flight, never
 acknowledged before its fsync returns, so nothing acknowledged is missed that was acknowledged before the scan.
 
-A Redis-stream implementation of :class:`WriteLog` (``REDIS_URL``) is not written yet (docs/LIVE_DOCUMENTS.md).
+**The cut** (:meth:`WriteLog.cut`, :func:`cut_file_log`; the trainer's retention step after a fold): whole
+segment files whose records all have ``seq <= before_seq`` are deleted, never the newest segment (the writer
+appends to it), so deleting needs no lock.  The cut point (the highest sequence number removed) is written
+first, atomically, to ``wal/CUT``: a reader then knows that records up to it are gone on purpose, and a replay
+from before it raises :class:`WalCut` instead of silently starting later.
+
+:class:`engine.wal_redis.RedisWriteLog` (``REDIS_URL``) keeps the log in a Redis stream, shared by every
+replica; :mod:`engine.write_logs` picks the implementation from the settings, as
+:func:`engine.registry.open_registry` picks the registry.
 """
 
 from __future__ import annotations
@@ -40,7 +48,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.io import atomic
+
 SEGMENT_DIGITS = 20
+CUT_FILE = "CUT"
 _PREFIX = '{"crc":"'
 _MIDDLE = '","rec":'
 _HEAD = len(_PREFIX) + 8 + len(_MIDDLE)
@@ -58,6 +69,24 @@ class WalLocked(WalError):
     """Another process holds the collection's log (one writer a collection)."""
 
 
+class WalUnavailable(WalError):
+    """The log's store cannot be reached (Redis down, a timeout), or refuses to promise durability.
+
+    ``transient`` is True: a cutover whose replay meets it is retried on the next reconcile, not refused."""
+
+    transient = True
+
+
+class WalCut(WalError):
+    """A replay asked for records the log cut on purpose (``after`` < ``cut_seq``: folded into kept versions)."""
+
+    def __init__(self, after: int, cut_seq: int, where: str):
+        self.after, self.cut_seq = int(after), int(cut_seq)
+        super().__init__(f"{where}: records up to seq {cut_seq} were cut from the write-ahead log after a fold; "
+                         f"a replay after seq {after} needs them (replay after a version that folded at least "
+                         f"seq {cut_seq})")
+
+
 def encode_record(rec: dict) -> bytes:
     """One log line (bytes, ending in a newline) of record ``rec`` (a JSON-serialisable dict, text valid UTF-8).
 
@@ -69,8 +98,12 @@ def encode_record(rec: dict) -> bytes:
     return f"{_PREFIX}{zlib.crc32(raw):08x}{_MIDDLE}".encode("ascii") + raw + b"}\n"
 
 
-def decode_record(line: bytes) -> dict | None:
-    """The record of one log line (with or without its newline), or None when the line is torn or corrupt."""
+def decode_record(line: bytes, seq: int | None = None) -> dict | None:
+    """The record of one log line (with or without its newline), or None when the line is torn or corrupt.
+
+    ``seq``: the sequence number the store assigned (a Redis stream entry's id), set on a record that carries
+    none; a record whose own ``seq`` differs is corrupt (None).  Without it the record must carry its ``seq``.
+    """
     line = line.rstrip(b"\n")
     if len(line) < _HEAD + 2 or not line.startswith(_PREFIX.encode()) or not line.endswith(b"}"):
         return None
@@ -87,7 +120,12 @@ def decode_record(line: bytes) -> dict | None:
         rec = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
-    return rec if isinstance(rec, dict) and isinstance(rec.get("seq"), int) else None
+    if not isinstance(rec, dict):
+        return None
+    if seq is not None:
+        if rec.setdefault("seq", int(seq)) != int(seq):
+            return None
+    return rec if isinstance(rec.get("seq"), int) and not isinstance(rec["seq"], bool) else None
 
 
 def pack_embeddings(E: np.ndarray, encoder: str) -> dict:
@@ -121,7 +159,13 @@ def unpack_embeddings(rec: dict, encoder: str, dimension: int) -> np.ndarray | N
 
 
 class WriteLog(ABC):
-    """A collection's write-ahead log: append (durable), replay in order, the last sequence number."""
+    """A collection's write-ahead log: append (durable), replay in order, the last sequence number, cut.
+
+    ``shared`` is True for a log that several gateway replicas append to at once (the Redis stream): each then
+    follows it (:meth:`follow`) to apply the others' records.  A file log has one writer (``shared`` False).
+    """
+
+    shared = False
 
     @property
     @abstractmethod
@@ -143,15 +187,41 @@ class WriteLog(ABC):
         """
 
     @abstractmethod
-    def replay(self, after: int = 0) -> Iterator[dict]:
-        """Records with ``seq > after`` in sequence order (each a dict with ``seq`` and ``op``).
+    def replay(self, after: int = 0, until: int | None = None) -> Iterator[dict]:
+        """Records with ``after < seq <= until`` in sequence order (each a dict with ``seq`` and ``op``);
+        ``until`` None: up to the last record at the call.
 
         Raises:
-            WalCorrupt: a record is unreadable (other than a torn last one, dropped at open).
+            WalCut: ``after`` is below :attr:`cut_seq` (the records it needs were cut after a fold).
+            WalCorrupt: a record is unreadable (other than a torn last one, dropped at open), or a gap.
+            WalUnavailable: the store is unreachable (Redis).
         """
 
+    @property
+    def cut_seq(self) -> int:
+        """The highest sequence number cut from the log (0: nothing cut); records up to it are gone on purpose."""
+        return 0
+
+    def cut(self, before_seq: int) -> int:
+        """Remove records with ``seq <= before_seq`` that the store can remove (a file log: whole older segments;
+        a Redis stream: every such entry); returns the new :attr:`cut_seq` (never lowered).
+
+        Raises:
+            WalError: the store refused.
+        """
+        raise WalError(f"{type(self).__name__} cannot be cut")
+
+    def follow(self, after: int, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for a record with ``seq > after``; True when one exists (a shared
+        log's follower then catches up with :meth:`replay`).
+
+        Raises:
+            WalUnavailable: the store is unreachable.
+        """
+        return self.last_seq > after
+
     def close(self) -> None:
-        """Release the log (its lock)."""
+        """Release the log (its lock, its connections)."""
 
 
 class FileWriteLog(WriteLog):
@@ -191,15 +261,24 @@ class FileWriteLog(WriteLog):
     # -- opening ------------------------------------------------------------------------------------
     def segments(self) -> list[Path]:
         """Segment files, oldest first."""
-        return sorted(p for p in self.directory.glob("*.jsonl")
-                      if len(p.stem) == SEGMENT_DIGITS and p.stem.isdigit())
+        return _segments(self.directory)
 
     def _recover(self) -> None:
         segs = self.segments()
+        cut = read_cut(self.directory)  # read after listing: a cut meanwhile only raises it
+        if segs and int(segs[0].stem) > cut + 1:
+            raise WalCorrupt(f"the write-ahead log {self.directory} starts at record {int(segs[0].stem)} but was "
+                             f"cut only up to {cut}: a segment is missing")
         expected = None
         for i, seg in enumerate(segs):
             last_segment = i == len(segs) - 1
-            good_bytes, seqs = self._scan(seg, tolerate_torn_tail=last_segment)
+            try:
+                good_bytes, seqs = self._scan(seg, tolerate_torn_tail=last_segment)
+            except FileNotFoundError:
+                if last_segment:
+                    raise
+                expected = None  # cut meanwhile (the trainer's retention): its records are gone on purpose
+                continue
             first = int(seg.stem)
             if seqs and seqs[0] != first:
                 raise WalCorrupt(f"{seg.name} starts at record {seqs[0]}, not {first}")
@@ -219,6 +298,7 @@ class FileWriteLog(WriteLog):
                     self._fsync_dir()
                 else:
                     self._open_segment(seg)
+        self._last = max(self._last, cut)
 
     @staticmethod
     def _scan(seg: Path, *, tolerate_torn_tail: bool) -> tuple[int, list[int]]:
@@ -284,25 +364,19 @@ class FileWriteLog(WriteLog):
             self._last = seq
             return seq
 
-    def replay(self, after: int = 0) -> Iterator[dict]:
+    def replay(self, after: int = 0, until: int | None = None) -> Iterator[dict]:
         with self._lock:
-            last = self._last
-            segs = self.segments()
+            last = self._last if until is None else min(self._last, int(until))
         if last <= after:
             return
-        for i, seg in enumerate(segs):
-            nxt = int(segs[i + 1].stem) if i + 1 < len(segs) else None
-            if nxt is not None and nxt <= after + 1:
-                continue  # every record of this segment is <= after
-            with open(seg, "rb") as f:
-                for line in f:
-                    rec = decode_record(line)
-                    if rec is None:
-                        raise WalCorrupt(f"{seg.name}: unreadable record")
-                    if rec["seq"] > after:
-                        yield rec
-                    if rec["seq"] >= last:  # records appended since the call are not part of it
-                        return
+        yield from _read_segments(self.directory, after, last)
+
+    @property
+    def cut_seq(self) -> int:
+        return read_cut(self.directory)
+
+    def cut(self, before_seq: int) -> int:
+        return cut_file_log(self.directory, before_seq)["cut_seq"]
 
     def close(self) -> None:
         if self._fd is not None:
@@ -313,36 +387,117 @@ class FileWriteLog(WriteLog):
             self._lock_fd = None
 
 
+def _segments(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.jsonl") if len(p.stem) == SEGMENT_DIGITS and p.stem.isdigit())
+
+
+def read_cut(directory: Path | str) -> int:
+    """The cut point of the file log in ``directory`` (``wal/CUT``; 0 when nothing was cut).
+
+    Raises:
+        WalCorrupt: ``CUT`` exists but holds no sequence number.
+    """
+    try:
+        text = (Path(directory) / CUT_FILE).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return 0
+    except (OSError, UnicodeDecodeError) as e:
+        raise WalCorrupt(f"{directory}/{CUT_FILE} is unreadable: {e}") from e
+    if not text.isdigit():
+        raise WalCorrupt(f"{directory}/{CUT_FILE} holds {text[:40]!r}, not a sequence number")
+    return int(text)
+
+
+def _read_segments(directory: Path, after: int, last: int | None, *,
+                   tolerate_torn_tail: bool = False) -> Iterator[dict]:
+    """Records ``after < seq <= last`` (``last`` None: to the end) of the segments in ``directory``, in order,
+    checking that they follow each other without a gap from the first one wanted (``after + 1``)."""
+    cut = read_cut(directory)
+    if after < cut:
+        raise WalCut(after, cut, str(directory))
+    segs = _segments(directory)
+    expected = after + 1
+    for i, seg in enumerate(segs):
+        last_segment = i == len(segs) - 1
+        nxt = int(segs[i + 1].stem) if not last_segment else None
+        if nxt is not None and nxt <= after + 1:
+            continue  # every record of this segment is <= after
+        try:
+            data = seg.read_bytes()
+        except FileNotFoundError:  # cut meanwhile: its records are <= the new cut point
+            cut = read_cut(directory)
+            if after < cut:
+                raise WalCut(after, cut, str(directory)) from None
+            continue
+        pos = 0
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            rec = decode_record(data[pos:end + 1]) if end >= 0 else None
+            if rec is None and tolerate_torn_tail and last_segment and (end < 0 or end + 1 == len(data)):
+                return  # the writer's append in flight
+            if rec is None:
+                raise WalCorrupt(f"{seg.name}: unreadable record at byte {pos}")
+            pos = end + 1
+            if rec["seq"] <= after:
+                continue
+            if rec["seq"] != expected:
+                raise WalCorrupt(f"{seg.name}: record {rec['seq']} where {expected} was expected (a gap)")
+            expected += 1
+            yield rec
+            if last is not None and rec["seq"] >= last:  # records appended since the call are not part of it
+                return
+    if last is not None and expected <= last:
+        raise WalCorrupt(f"{directory}: the log ends at record {expected - 1}, before {last}")
+
+
 def read_log(directory: Path | str, after: int = 0) -> Iterator[dict]:
     """Records with ``seq > after`` of the log in ``directory``, read without taking its lock (the gateway may
     hold it and append meanwhile); in sequence order, ending at the first torn line of the last segment (an
     append in flight).  A missing directory is an empty log.
 
     Raises:
+        WalCut: ``after`` is below the log's cut point (``wal/CUT``): the records it needs were cut.
         WalCorrupt: an unreadable record before the last segment's end, or a gap in the sequence numbers.
     """
     directory = Path(directory)
     if not directory.is_dir():
         return
-    segs = sorted(p for p in directory.glob("*.jsonl") if len(p.stem) == SEGMENT_DIGITS and p.stem.isdigit())
-    expected = None
-    for i, seg in enumerate(segs):
-        last_segment = i == len(segs) - 1
-        nxt = int(segs[i + 1].stem) if not last_segment else None
-        if nxt is not None and nxt <= after + 1:
-            expected = nxt
-            continue  # every record of this segment is <= after
-        with open(seg, "rb") as f:
-            data = f.read()
-        pos = 0
-        while pos < len(data):
-            end = data.find(b"\n", pos)
-            rec = decode_record(data[pos:end + 1]) if end >= 0 else None
-            if rec is None or (expected is not None and rec["seq"] != expected):
-                if last_segment and (end < 0 or end + 1 == len(data)) and rec is None:
-                    return  # the writer's append in flight
-                raise WalCorrupt(f"{seg.name}: unreadable or out-of-order record at byte {pos}")
-            expected = rec["seq"] + 1
-            if rec["seq"] > after:
-                yield rec
-            pos = end + 1
+    yield from _read_segments(directory, int(after), None, tolerate_torn_tail=True)
+
+
+def cut_file_log(directory: Path | str, before_seq: int, *, dry_run: bool = False) -> dict:
+    """Cut the file log in ``directory`` up to ``before_seq``: delete every segment whose records all have
+    ``seq <= before_seq`` (a segment's records end where the next segment's begin), never the newest segment (the
+    writer appends to it, so no lock is needed).  ``wal/CUT`` is written (atomically, fsynced) before any file is
+    deleted, and is never lowered.
+
+    Returns:
+        ``{"cut_seq": int, "removed": [segment names], "bytes_freed": int}``.
+
+    Raises:
+        WalCorrupt: ``CUT`` is unreadable.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {"cut_seq": 0, "removed": [], "bytes_freed": 0}
+    old = read_cut(directory)
+    segs = _segments(directory)
+    doomed = [seg for seg, nxt in zip(segs, segs[1:]) if int(nxt.stem) - 1 <= before_seq]
+    new = max(old, int(segs[len(doomed)].stem) - 1) if doomed else old  # the first kept segment's first seq - 1
+    freed = sum(seg.stat().st_size for seg in doomed)
+    if dry_run:
+        return {"cut_seq": new, "removed": [s.name for s in doomed], "bytes_freed": freed, "dry_run": True}
+    if new > old:
+        atomic.write_text(directory / CUT_FILE, f"{new}\n")
+    for seg in doomed:
+        try:
+            seg.unlink()
+        except FileNotFoundError:
+            pass
+    if doomed:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return {"cut_seq": new, "removed": [s.name for s in doomed], "bytes_freed": freed}

@@ -233,8 +233,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     async def readyz():
         """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
         ``status`` "ready", or "degraded" when the registry is unreachable or a collection's registry live version
-        was refused here (the replica still serves its own live versions correctly, so it stays in rotation; see
-        deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
+        was refused here, or a collection's write-ahead log follower (Redis) cannot follow the log (the replica
+        still serves its own live versions correctly, so it stays in rotation; see deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
         every served collection's live version, documents and registry view."""
         per = {name: state.collection_status(name) for name in state.collections}
         missing = [name for name, c in per.items() if c["index_version"] is None]
@@ -250,6 +250,9 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         reg = {k: v for k, v in per[settings.collection].items() if k not in ("index_version", "documents")}
         degraded = list(reg["degraded"]) + [f"collection {name!r}: {d}" for name, c in per.items()
                                             if name != settings.collection for d in c["degraded"]]
+        # a replica that cannot follow its collection's shared log (Redis) misses the other replicas' writes
+        degraded += [f"collection {name!r}: write-ahead log follower: {err[:200]}" for name in state.collections
+                     for err in (state.live_docs.follower_error(name),) if err]
         return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,

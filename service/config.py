@@ -176,6 +176,12 @@ class GatewaySettings(BaseSettings):
                                                          "batch_too_large above).")
     max_document_chars: int = Field(100_000, ge=1, description="Longest title + text of a written document, in "
                                                                "characters (413 document_too_long above).")
+    wal_require_fsync: bool = Field(True, description="With REDIS_URL (the write-ahead log in a Redis stream): "
+                                    "refuse writes (503 writes_unavailable) unless Redis runs with appendonly yes "
+                                    "and appendfsync always; off: log a warning and accept them anyway.")
+    wal_follow_block_s: float = Field(1.0, gt=0, le=10, description="With REDIS_URL: longest XREAD BLOCK of a "
+                                      "collection's log follower, in seconds (other replicas' writes are applied "
+                                      "as soon as they are appended).")
 
     # lexical / hybrid lanes and access control (issue 6; docs/API.md)
     hybrid_fusion: Literal["rrf", "convex"] = Field(

@@ -125,8 +125,9 @@ DOCUMENTS = [
         "id": "4983", "text": "Alterations of the architecture of cerebral white matter in the developing human "
                               "brain can affect cortical development and result in functional disabilities."}},
 ]
-WRITES = {"collection": "scifact", "last_accepted_seq": 43, "last_folded_seq": 40, "live_version": LIVE,
-          "live_folded_seq": 40, "pending_upserts": 1, "pending_deletes": 1}
+WRITES = {"collection": "scifact", "last_accepted_seq": 43, "applied_seq": 43, "last_folded_seq": 40,
+          "live_version": LIVE, "live_folded_seq": 40, "pending_upserts": 1, "pending_deletes": 1, "log": "redis",
+          "follower_error": None}
 
 # -- errors: the example code of each status (a route may name another with error_responses(examples=...)) ----
 ERROR_EXAMPLES: dict[str, tuple[str, str | None]] = {

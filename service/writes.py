@@ -14,13 +14,17 @@ return stored text regardless of any access policy, so they are guarded too).  A
 (:func:`parse_documents`, :func:`parse_delete`): any bad document refuses the batch with its code and nothing
 is written.  An accepted batch is encoded, appended to the collection's write-ahead log with fsync and applied
 to its delta segment (:class:`engine.live.LiveCollection`) before the 202, so it is durable and searchable
-when acknowledged.  The rules: docs/LIVE_DOCUMENTS.md.
+when acknowledged.  The log is the file log on the index volume (one writer process), or with ``REDIS_URL`` the
+collection's Redis stream, which every replica appends to and follows (:class:`LogFollower`).  The rules:
+docs/LIVE_DOCUMENTS.md.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
+import threading
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
@@ -32,7 +36,8 @@ from engine.encoder import encoder_fingerprint
 from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest_folded_seq
 from engine.plan import has_lone_surrogate, is_blank
 from engine.version import store
-from engine.wal import FileWriteLog, WalError
+from engine.wal import WalCorrupt, WalError, WalUnavailable
+from engine.write_logs import open_write_log
 from service import examples as ex
 from service.auth import require_write_key
 from service.errors import ApiError
@@ -45,6 +50,9 @@ MAX_ID_CHARS = 512
 """Longest document id accepted, in characters."""
 DOCUMENT_KEYS = frozenset({"id", "title", "text", "fields"})
 NDJSON = "application/x-ndjson"
+FOLLOW_BACKOFF_MIN_S = 0.1
+FOLLOW_BACKOFF_MAX_S = 0.5
+"""Retry backoff of a log follower while its log is unreachable, in seconds."""
 
 
 # -- validation ---------------------------------------------------------------------------------------------------
@@ -211,8 +219,71 @@ def parse_delete(raw: bytes, *, max_batch: int) -> list[str]:
 
 
 # -- the collections' write state ----------------------------------------------------------------------------------
+class LogFollower:
+    """The follower of one collection's shared log (Redis): a daemon thread that waits in ``XREAD BLOCK``
+    (:meth:`engine.wal.WriteLog.follow`) for records after the segment's last applied one and applies them
+    (:meth:`engine.live.LiveCollection.catch_up`), so this replica's delta segment holds every replica's writes.
+    While the log is unreachable it retries with backoff (doubling from :data:`FOLLOW_BACKOFF_MIN_S` to
+    :data:`FOLLOW_BACKOFF_MAX_S`, ±20 % jitter: one connection attempt, cheap, so the segment catches up and
+    ``/readyz`` clears within half a second of Redis' return); when the collection could not be opened at start
+    it keeps trying to open it.
+
+    Args:
+        docs: the :class:`LiveDocuments` it belongs to.
+        name: the collection.
+        versions: its :class:`service.version_manager.VersionManager`.
+        live: its write state, or None when opening failed (the follower opens it).
+    """
+
+    def __init__(self, docs: "LiveDocuments", name: str, versions, live: LiveCollection | None):
+        self.docs, self.name, self.versions, self.live = docs, name, versions, live
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"wal-follower-{name}", daemon=True)
+
+    def start(self) -> "LogFollower":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        block = float(self.docs.state.settings.wal_follow_block_s)
+        backoff = FOLLOW_BACKOFF_MIN_S
+        while not self._stop.is_set():
+            try:
+                if self.live is None:
+                    self.live = self.docs._open_one(self.name, self.versions)
+                    self.docs.errors.pop(self.name, None)
+                if self.error is not None:  # recovering: one round trip without blocking clears the error at once
+                    self.live.catch_up()
+                    log.info("write-ahead log follower of %s recovered at seq %d", self.name, self.live.applied)
+                    self.error, backoff = None, FOLLOW_BACKOFF_MIN_S
+                if self.live.log.follow(self.live.applied, block) and not self._stop.is_set():
+                    self.live.catch_up()
+            except (WalError, OSError, DegenerateDocument) as e:
+                if self.error is None:
+                    log.error("write-ahead log follower of %s: %s: %s (retrying)", self.name, type(e).__name__, e)
+                self.error = f"{type(e).__name__}: {e}"
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(2 * backoff, FOLLOW_BACKOFF_MAX_S)
+            except Exception:  # never let the thread die silently
+                log.exception("write-ahead log follower of %s failed; retrying", self.name)
+                self.error = "unexpected error (see the gateway's log)"
+                self._stop.wait(FOLLOW_BACKOFF_MAX_S)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread (it leaves its blocking read within ``wal_follow_block_s``)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
 class LiveDocuments:
     """The :class:`engine.live.LiveCollection` of every collection the gateway serves, opened at start.
+
+    The log is picked by the gateway's ``REDIS_URL``, as the registry is (:func:`engine.write_logs.open_write_log`):
+    without it the file log on the index volume (one writer process a collection: another replica answers its
+    writes 503 ``writes_unavailable`` and does not see the writer's segment); with it the collection's Redis
+    stream, which every replica appends to and follows (:class:`LogFollower`).
 
     Args:
         state: the :class:`service.state.GatewayState` (its ``collections``, ``encoder``, ``settings``).
@@ -222,7 +293,13 @@ class LiveDocuments:
         self.state = state
         self.live: dict[str, LiveCollection] = {}
         self.errors: dict[str, str] = {}
+        self.followers: dict[str, LogFollower] = {}
         self.pending = False  # True from the start of GatewayState.load until every log is replayed
+
+    @property
+    def backend(self) -> str:
+        """``"redis"`` (``REDIS_URL`` set: a shared stream) or ``"file"`` (the index volume, one writer)."""
+        return "redis" if self.state.settings.redis_url else "file"
 
     def wal_dir(self, name: str) -> Path:
         """``<index_root>/<collection>/wal``: the log of ``name`` on the index volume."""
@@ -231,8 +308,9 @@ class LiveDocuments:
     def open(self) -> None:
         """Open every served collection's log and replay it after its live version's folded sequence number
         (call after the encoder and the live versions are loaded).  A collection whose log cannot be opened
-        (another process holds it, a corrupt record) serves reads and answers its writes 503
-        ``writes_unavailable``; the reason is logged."""
+        (another process holds it, a corrupt record, Redis unreachable or not fsyncing) serves reads and answers
+        its writes 503 ``writes_unavailable``; the reason is logged.  With Redis, a follower thread per collection
+        applies the other replicas' writes (and keeps trying to open a log that could not be opened)."""
         try:
             self._open()
         finally:
@@ -243,44 +321,72 @@ class LiveDocuments:
         if encoder is None:
             return
         for name, versions in list(self.state.collections.items()):
-            if name in self.live:  # opened already (a second load of the same state)
+            if name in self.live or name in self.followers:  # opened already (a second load of the same state)
                 continue
+            live = None
             try:
-                live = LiveCollection(name, FileWriteLog(self.wal_dir(name)), encoder.dimension, encoder.encode,
-                                      fingerprint=encoder_fingerprint(encoder))
-                base = folded_seq(versions.live) if versions.live is not None else 0
-                counts = live.replay(base)
+                live = self._open_one(name, versions)
             except (WalError, OSError, DegenerateDocument) as e:
                 self.errors[name] = f"{type(e).__name__}: {e}"
                 log.error("writes of %s unavailable: %s", name, self.errors[name])
-                continue
-            self.live[name] = live
-            log.info("write-ahead log of %s: last seq %d, replayed after %d: %s", name, live.log.last_seq, base,
-                     counts)
-            previous, previous_before = versions.on_live, versions.before_live
+                if self.backend != "redis" or not isinstance(e, WalUnavailable):
+                    continue
+            if self.backend == "redis":
+                self.followers[name] = LogFollower(self, name, versions, live).start()
 
-            def before_live(v, _previous=previous_before, _live=live):
-                if _previous is not None:
-                    _previous(v)
-                if folded_seq(v) < _live.base_seq:
-                    # a rollback to a version that folded less: replay the log after its folded seq *before* it
-                    # serves; that segment (a superset of the current one) is exact for both versions
-                    _live.replay(folded_seq(v))
+    def _open_one(self, name: str, versions) -> LiveCollection:
+        """Open ``name``'s log, replay it after the live version's folded seq, hook the cutover callbacks."""
+        s, encoder = self.state.settings, self.state.encoder
+        wal = open_write_log(name, redis_url=s.redis_url, index_root=versions.index_root,
+                             require_fsync=s.wal_require_fsync)
+        try:
+            live = LiveCollection(name, wal, encoder.dimension, encoder.encode,
+                                  fingerprint=encoder_fingerprint(encoder))
+            base = folded_seq(versions.live) if versions.live is not None else 0
+            if wal.last_seq < base:
+                raise WalCorrupt(f"the {self.backend} write-ahead log of {name} ends at seq {wal.last_seq} but the "
+                                 f"live version folded up to seq {base}: the log was lost or replaced (a Redis "
+                                 "without its append-only file, or REDIS_URL set or unset since the writes); new "
+                                 "writes would reuse folded sequence numbers")
+            counts = live.replay(base)
+        except BaseException:
+            wal.close()
+            raise
+        log.info("write-ahead log of %s (%s): last seq %d, replayed after %d: %s", name, self.backend,
+                 live.log.last_seq, base, counts)
+        self._hook(versions, live)
+        self.live[name] = live
+        return live
 
-            def on_live(v, _previous=previous, _live=live):
-                if _previous is not None:
-                    _previous(v)
-                if folded_seq(v) > _live.base_seq:
-                    # a fold went live: it holds the writes up to its folded seq; drop them from the segment
-                    # (after the switch: until then the old version needs them)
-                    counts = _live.advance(folded_seq(v))
-                    log.info("%s: %s folded up to seq %d; delta segment %s", _live.name, v.version, folded_seq(v),
-                             counts)
+    @staticmethod
+    def _hook(versions, live: LiveCollection) -> None:
+        previous, previous_before = versions.on_live, versions.before_live
 
-            versions.before_live, versions.on_live = before_live, on_live
+        def before_live(v, _previous=previous_before, _live=live):
+            if _previous is not None:
+                _previous(v)
+            if folded_seq(v) < _live.base_seq:
+                # a rollback to a version that folded less: replay the log after its folded seq *before* it
+                # serves; that segment (a superset of the current one) is exact for both versions
+                _live.replay(folded_seq(v))
+
+        def on_live(v, _previous=previous, _live=live):
+            if _previous is not None:
+                _previous(v)
+            if folded_seq(v) > _live.base_seq:
+                # a fold went live: it holds the writes up to its folded seq; drop them from the segment
+                # (after the switch: until then the old version needs them)
+                counts = _live.advance(folded_seq(v))
+                log.info("%s: %s folded up to seq %d; delta segment %s", _live.name, v.version, folded_seq(v),
+                         counts)
+
+        versions.before_live, versions.on_live = before_live, on_live
 
     def close(self) -> None:
-        """Close every log (releases the writer locks)."""
+        """Stop the followers and close every log (releases the writer locks and connections)."""
+        for follower in self.followers.values():
+            follower.stop()
+        self.followers.clear()
         for live in self.live.values():
             live.close()
         self.live.clear()
@@ -299,11 +405,18 @@ class LiveDocuments:
         """
         self.state.collection(name)
         if name in self.errors:
-            raise ApiError("writes_unavailable", "this replica cannot write to the collection's log; see its log")
+            raise ApiError("writes_unavailable", "this replica cannot write to the collection's log; see its log",
+                           headers={"Retry-After": str(self.state.settings.retry_after_s)})
         live = self.live.get(name)
         if live is None:
             raise ApiError("not_ready", "the gateway is not ready for writes (no encoder or version loaded)")
         return live
+
+    def follower_error(self, name: str) -> str | None:
+        """The last error of ``name``'s log follower (Redis), None while it follows."""
+        follower = self.followers.get(name)
+        return follower.error if follower is not None else None
+
 
 def _last_folded(index_root: Path, name: str) -> int:
     best = 0
@@ -407,12 +520,14 @@ def build_write_router(state) -> APIRouter:
         live = state.live_docs.of(name)
         versions = state.collection(name)
         current = versions.live
-        status = live.status()
+        status = await logged(live.status)
         last_folded = await run_in_threadpool(_last_folded, versions.index_root, name)
         return {"collection": name, "last_accepted_seq": status["last_accepted_seq"],
+                "applied_seq": status["applied_seq"],
                 "last_folded_seq": max(last_folded, status["base_seq"]),
                 "live_version": current.version if current is not None else None,
                 "live_folded_seq": folded_seq(current) if current is not None else None,
-                "pending_upserts": status["pending_upserts"], "pending_deletes": status["pending_deletes"]}
+                "pending_upserts": status["pending_upserts"], "pending_deletes": status["pending_deletes"],
+                "log": state.live_docs.backend, "follower_error": state.live_docs.follower_error(name)}
 
     return router

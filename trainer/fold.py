@@ -4,8 +4,9 @@
 
 1. The live version (the registry's) and its folded sequence number ``S0`` (manifest ``writes.folded_seq``;
    0 for a version built from a corpus alone).
-2. The log records after ``S0`` (:func:`engine.wal.read_log`: read without the gateway's writer lock; the
-   last whole record read is the new folded sequence number ``S``).
+2. The log records after ``S0`` (:func:`engine.write_logs.log_records`: the collection's Redis stream when
+   ``REDIS_URL`` is set, else the file log read without the gateway's writer lock; the last whole record read
+   is the new folded sequence number ``S``).
 3. The new corpus: the live version's documents (its ids, its encoder texts ``encoder_text.json`` and its
    keyword fields ``doc_fields.json``: what the embeddings, BM25 and the filters read; the BEIR folder of the
    manifest only when the version keeps no texts) with the upserts applied in sequence order (a replaced
@@ -42,7 +43,8 @@ from engine.live import encoder_text, manifest_folded_seq
 from engine.registry import open_registry
 from engine.version import files, store
 from engine.version.manifest import Manifest, read_manifest
-from engine.wal import read_log, unpack_embeddings
+from engine.wal import unpack_embeddings
+from engine.write_logs import log_records
 from trainer.build import DEFAULT_PAIRS, BuildOptions, build_index
 from trainer.embed_cache import EmbeddingCache, content_key
 from trainer.registry_cli import promote_with_gate
@@ -88,6 +90,8 @@ def pending_writes(settings, collection: str) -> PendingWrites:
     Raises:
         FoldError: the collection has no live version.
         engine.wal.WalCorrupt: the log is unreadable.
+        engine.wal.WalCut: the log was cut after the live version's folded seq (never done by retention).
+        engine.wal.WalUnavailable: (Redis) the log is unreachable.
     """
     coll_dir = Path(settings.index_root) / collection
     version = live_version(settings, collection)
@@ -96,7 +100,7 @@ def pending_writes(settings, collection: str) -> PendingWrites:
     base_dir = coll_dir / version
     manifest = read_manifest(base_dir)
     base_seq = manifest_folded_seq(manifest)
-    records = list(read_log(coll_dir / "wal", base_seq))
+    records = log_records(collection, base_seq, redis_url=settings.redis_url, index_root=settings.index_root)
     return PendingWrites(version, base_dir, manifest, base_seq, records[-1]["seq"] if records else base_seq, records)
 
 

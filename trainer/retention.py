@@ -3,6 +3,12 @@ registry's state and replica reports, and the disk check of a build or fold.
 
 ``python -m trainer retention --collection NAME [--dry-run]`` prints :func:`run_retention`'s report as JSON;
 every successful build and fold runs it after publishing (settings ``keep_versions``, ``lease_fresh_seconds``).
+
+**The log cut.**  After the versions are decided, the collection's write-ahead log is cut
+(:func:`engine.write_logs.cut_log`) up to the smallest folded sequence number of every version retention kept
+(live, previous, candidates, leased, newest): a rollback to any kept version replays the records after its folded
+sequence number, so only records every kept version holds are removed.  An unreadable kept manifest, or a kept
+version built from the corpus alone (folded sequence 0), cuts nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from engine.registry import open_registry
 from engine.version import store
 from engine.version.manifest import IndexVersionError, read_manifest
 from engine.version.retention import apply_retention, check_free_space, directory_bytes, estimate_version_bytes
+from engine.wal import WalError
+from engine.write_logs import cut_log
 
 log = logging.getLogger("trainer.retention")
 
@@ -32,7 +40,38 @@ def run_retention(settings, collection: str, *, dry_run: bool = False) -> dict:
     report = apply_retention(Path(settings.index_root) / collection, state, replicas,
                              keep_last=settings.keep_versions, lease_fresh_s=settings.lease_fresh_seconds,
                              dry_run=dry_run)
+    report["log_cut"] = cut_after_retention(settings, collection, report["kept"], dry_run=dry_run)
     return {"collection": collection, "keep_last": settings.keep_versions, **report}
+
+
+def cut_after_retention(settings, collection: str, kept, *, dry_run: bool = False) -> dict:
+    """Cut ``collection``'s write-ahead log up to the smallest folded sequence number of the ``kept`` versions
+    (module docstring).  Returns ``{"before_seq": int | None, "cut_seq", "backend", ...}`` (``before_seq`` None:
+    nothing may be cut, with ``reason``); a log error is reported in ``error``, never raised (the versions are
+    already decided)."""
+    coll = Path(settings.index_root) / collection
+    folded = {}
+    for v in sorted(kept):
+        try:
+            writes = getattr(read_manifest(coll / v), "writes", None)
+        except (IndexVersionError, OSError, ValueError) as e:
+            return {"before_seq": None, "reason": f"kept version {v} is unreadable: {e}"}
+        folded[v] = int(getattr(writes, "folded_seq", 0) or 0)
+    if not folded:
+        return {"before_seq": None, "reason": "no version kept"}
+    before = min(folded.values())
+    if before <= 0:
+        return {"before_seq": 0, "reason": "a kept version folded nothing: " + min(folded, key=folded.get)}
+    try:
+        out = cut_log(collection, before, redis_url=settings.redis_url, index_root=settings.index_root,
+                      dry_run=dry_run)
+    except WalError as e:
+        log.warning("write-ahead log of %s not cut: %s", collection, e)
+        return {"before_seq": before, "error": f"{type(e).__name__}: {e}"}
+    if not dry_run and (out.get("removed") or 0):
+        log.info("write-ahead log of %s cut up to seq %d (kept versions fold at least %d): %s", collection,
+                 out["cut_seq"], before, out)
+    return {"before_seq": before, **out}
 
 
 def retention_after_build(settings, collection: str) -> dict | None:

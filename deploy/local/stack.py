@@ -4,7 +4,8 @@
 
 ``up`` starts, each in its own process group with its log in the state folder:
 
-1. ``redis-server`` on a free port (the version registry; append-only file in the state folder);
+1. ``redis-server`` on a free port (the version registry and the write-ahead logs; append-only file in the
+   state folder, fsync per write);
 2. the index: the collection's newest complete version under ``<home>/indexes`` is published and promoted
    in this Redis (``trainer publish`` / ``trainer promote``); with none, ``trainer build`` builds the
    dataset first (about 5 minutes for SciFact on 2 cores, embeddings cached in ``<home>/cache``);
@@ -174,7 +175,7 @@ class Stack:
             (self.state / "redis").mkdir()
             comps["redis"] = self.spawn("redis", [shutil.which("redis-server"), "--port", str(ports["redis"]), "--bind",
                                                   "127.0.0.1", "--dir", str(self.state / "redis"), "--appendonly", "yes",
-                                                  "--save", "", "--protected-mode", "no"])
+                                                  "--appendfsync", "always", "--save", "", "--protected-mode", "no"])
             comps["redis"].update(port=ports["redis"], url=f"redis://127.0.0.1:{ports['redis']}/0")
             save()
             self.wait(lambda: redis_ok(ports["redis"]), "redis", 30)

@@ -33,6 +33,21 @@ from engine.registry.state import (COLLECTION_NAME, HISTORY_LIMIT, RegistryError
 from engine.version import store
 
 
+def redacted(url: str) -> str:
+    """``url`` with its credentials replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"//[^@/]*@", "//***@", url)
+
+
+@contextlib.contextmanager
+def unreachable_as(error: type[Exception], url: str):
+    """Turn a connection error, timeout or OSError of redis-py inside the block into ``error(message)`` naming
+    the (redacted) ``url``; the registry's and the write-ahead log's connection handling."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise error(f"redis at {redacted(url)} unreachable: {e}") from e
+
+
 class RedisRegistry(Registry):
     """Registry in Redis (see the module docstring for the keys).
 
@@ -69,15 +84,11 @@ class RedisRegistry(Registry):
         """The pub/sub channel of a collection's changes."""
         return self._key(collection, ":events")
 
-    @contextlib.contextmanager
     def _errors(self):
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise RegistryUnavailable(f"redis at {self._redacted()} unreachable: {e}") from e
+        return unreachable_as(RegistryUnavailable, self.url)
 
     def _redacted(self) -> str:
-        return re.sub(r"//[^@/]*@", "//***@", self.url)
+        return redacted(self.url)
 
     @staticmethod
     def _decode(collection: str, h: dict) -> RegistryState:

@@ -155,6 +155,9 @@ def test_compose_config_is_valid_and_resolves_the_stack():
     trainer = services["trainer"]
     assert trainer["command"][0] == "serve" and trainer["environment"]["REDIS_URL"].startswith("redis://redis:")
     assert "healthcheck" in services["redis"] and "healthcheck" in trainer
+    redis_cmd = services["redis"]["command"]  # the write-ahead log refuses a Redis that does not fsync every write
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    assert redis_cmd[redis_cmd.index("--appendfsync") + 1] == "always"
     assert set(cfg["volumes"]) >= {"adawidth-data", "redis-data", "prometheus-data", "grafana-data"}
 
 
