@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 WIDTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384)
@@ -68,6 +69,19 @@ class GatewayMetrics:
                                           registry=registry)
         self.batch_size = Histogram("adawidth_search_batch_queries", "Queries per batch search request.",
                                     buckets=BATCH_BUCKETS, registry=registry)
+        self.documents_written = Counter("adawidth_documents_written_total",
+                                         "Documents of acknowledged (202) writes by collection and op (upsert, "
+                                         "delete).", ["collection", "op"], registry=registry)
+        self.write_seconds = Histogram("adawidth_write_duration_seconds",
+                                       "Seconds from a validated write batch to its 202 (encoding, the durable "
+                                       "append, the delta segment) by op.", ["op"], buckets=LATENCY_BUCKETS,
+                                       registry=registry)
+
+    def track_delta(self, segments) -> None:
+        """Export each collection's delta segment on every scrape: ``segments()`` returns
+        ``{collection: (pending_upserts, pending_deletes, applied_seq)}`` (no I/O: the segment in memory) as
+        ``adawidth_delta_documents{collection,kind="upsert"|"delete"}`` and ``adawidth_write_applied_seq``."""
+        self.registry.register(_DeltaCollector(segments))
 
     def observe_query_cache(self, hits: int, misses: int) -> None:
         """Count one lookup of the query-embedding cache: ``hits`` and ``misses`` query texts."""
@@ -92,6 +106,29 @@ def bounded_method(method: str) -> str:
 
 
 VERSION_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _DeltaCollector:
+    """Prometheus collector of the delta segments (:meth:`GatewayMetrics.track_delta`)."""
+
+    def __init__(self, segments):
+        self.segments = segments
+
+    def describe(self):
+        return []  # unchecked: the collections are only known at scrape time
+
+    def collect(self):
+        docs = GaugeMetricFamily("adawidth_delta_documents", "Writes in a collection's delta segment, not yet "
+                                 "folded into its live version, by kind (upsert, delete).",
+                                 labels=["collection", "kind"])
+        applied = GaugeMetricFamily("adawidth_write_applied_seq", "Last write-ahead log sequence number this "
+                                    "replica's delta segment applied.", labels=["collection"])
+        for name, (ups, dels, seq) in sorted(self.segments().items()):
+            docs.add_metric([name, "upsert"], ups)
+            docs.add_metric([name, "delete"], dels)
+            applied.add_metric([name], seq)
+        yield docs
+        yield applied
 
 
 class CutoverMetrics:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import random
 import threading
 from pathlib import Path
@@ -295,6 +296,16 @@ class LiveDocuments:
         self.errors: dict[str, str] = {}
         self.followers: dict[str, LogFollower] = {}
         self.pending = False  # True from the start of GatewayState.load until every log is replayed
+        state.metrics.track_delta(self.segments)
+
+    def segments(self) -> dict[str, tuple[int, int, int]]:
+        """``{collection: (pending upserts, pending deletes, applied seq)}`` of every open log (in memory, no
+        I/O: what the metrics export on a scrape)."""
+        out = {}
+        for name, live in list(self.live.items()):
+            snap = live.snapshot()
+            out[name] = (len(snap.docs), len(snap.deleted), int(live.applied))
+        return out
 
     @property
     def backend(self) -> str:
@@ -441,7 +452,9 @@ def build_write_router(state) -> APIRouter:
     def answer(status: int, description: str, example: dict) -> dict:  # a plain-dict answer: its example
         return {status: {"description": description, "content": {"application/json": {"example": example}}}}
 
-    def accepted(name: str, op: str, seq: int, count: int) -> JSONResponse:
+    def accepted(name: str, op: str, seq: int, count: int, started: float) -> JSONResponse:
+        state.metrics.documents_written.labels(name, op).inc(count)
+        state.metrics.write_seconds.labels(op).observe(time.perf_counter() - started)
         return JSONResponse({"collection": name, "op": op, "seq": seq, "count": count}, status_code=202)
 
     async def logged(fn, *args):
@@ -470,8 +483,9 @@ def build_write_router(state) -> APIRouter:
         ctype = media_type(request)
         docs = parse_documents(await read_body(request, settings.max_write_body_bytes), ctype,
                                max_chars=settings.max_document_chars, max_batch=settings.max_write_batch)
+        started = time.perf_counter()
         seq = await logged(live.upsert, docs)
-        return accepted(name, "upsert", seq, len(docs))
+        return accepted(name, "upsert", seq, len(docs), started)
 
     @router.post("/v1/collections/{name}/documents/delete", status_code=202, responses={
         **answer(202, "Accepted: durable; no later search returns these ids.", ex.DELETE_ACCEPTED), **errors},
@@ -484,8 +498,9 @@ def build_write_router(state) -> APIRouter:
         if media_type(request) != "application/json":
             raise ApiError("unsupported_media_type", "send the ids as application/json")
         ids = parse_delete(await read_body(request, settings.max_write_body_bytes), max_batch=settings.max_write_batch)
+        started = time.perf_counter()
         seq = await logged(live.delete, ids)
-        return accepted(name, "delete", seq, len(ids))
+        return accepted(name, "delete", seq, len(ids), started)
 
     @router.get("/v1/collections/{name}/documents/{doc_id:path}", responses={
         200: {"description": "The stored document: from the delta segment (seq of its write) or the live version.",

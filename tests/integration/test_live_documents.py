@@ -134,6 +134,31 @@ def test_writes_need_the_write_key(gateway):
     assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
 
 
+def metric(http, name: str, **labels) -> float:
+    """The value of one series of the gateway's /metrics (0 when absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            series, value = line.rsplit(" ", 1)
+            got = series[len(name):].strip("{}")
+            if ",".join(sorted(got.split(","))) == want:
+                return float(value)
+    return 0.0
+
+
+def test_write_metrics_count_acknowledged_documents_and_the_delta_segment(gateway):
+    before = metric(gateway, "adawidth_documents_written_total", collection="scifact", op="upsert")
+    assert put(gateway, [{"id": f"metric-{i}", "text": f"A metrics probe document {i}."} for i in range(3)]
+               ).status_code == 202
+    assert put(gateway, [{"id": "", "text": "refused"}]).status_code == 422  # refused: not counted
+    assert metric(gateway, "adawidth_documents_written_total", collection="scifact", op="upsert") == before + 3
+    w = writes(gateway)
+    assert metric(gateway, "adawidth_delta_documents", collection="scifact", kind="upsert") == w["pending_upserts"]
+    assert metric(gateway, "adawidth_delta_documents", collection="scifact", kind="delete") == w["pending_deletes"]
+    assert metric(gateway, "adawidth_write_applied_seq", collection="scifact") == w["last_accepted_seq"]
+    assert metric(gateway, "adawidth_write_duration_seconds_count", op="upsert") >= 1
+
+
 def test_each_upsert_is_top1_for_its_own_text_within_a_second(gateway, claims):
     before = writes(gateway)
     seqs = []
