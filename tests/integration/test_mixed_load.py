@@ -18,7 +18,7 @@ import sys
 import httpx
 import pytest
 
-from loadtest import DELETE_NAME, UPSERT_NAME
+from loadtest import DELETE_NAME, UPSERT_NAME, acknowledged_state
 from tests.conftest import ROOT
 from tests.integration.test_live_documents import (AUTH, C, WRITE_KEY, copy_home, pristine_home,  # noqa: F401
                                                    running, search, writes)
@@ -27,21 +27,6 @@ pytestmark = pytest.mark.integration
 
 SEARCH_NAMES = {"/v1/search auto", "/v1/search router+rho", "/v1/search default", "/v1/search fixed width",
                 "/v1/search full", "/v1/search invalid (4xx expected)"}
-
-
-def final_state(log: list[dict]) -> tuple[dict[str, str], set[str]]:
-    """From the acknowledged writes (in seq order): id -> text of every id whose last write is an upsert, and
-    the ids whose last write is a delete."""
-    alive, deleted = {}, set()
-    for rec in sorted(log, key=lambda r: r["seq"]):
-        for i in rec["ids"]:
-            if rec["op"] == "upsert":
-                alive[i] = rec["texts"][i]
-                deleted.discard(i)
-            else:
-                alive.pop(i, None)
-                deleted.add(i)
-    return alive, deleted
 
 
 def test_mixed_locust_run_fails_nothing_and_every_acknowledged_write_is_searchable(pristine_home, tmp_path):
@@ -71,7 +56,7 @@ def test_mixed_locust_run_fails_nothing_and_every_acknowledged_write_is_searchab
         assert set(sent) == {"1"} and {ok for *_, ok in samples} == {"1"}
         seqs = [rec["seq"] for rec in log]
         assert seqs == sorted(set(seqs)), "one writer: its acknowledged seqs increase"
-        alive, deleted = final_state(log)
+        alive, deleted = acknowledged_state(log)
         assert alive and deleted
         w = writes(http)
         assert w["last_accepted_seq"] == seqs[-1]
@@ -82,9 +67,8 @@ def test_mixed_locust_run_fails_nothing_and_every_acknowledged_write_is_searchab
             assert hits[0]["id"] == doc_id, (doc_id, hits[:3])
             got = http.get(f"{C}/documents/{doc_id}", headers=AUTH)
             assert got.status_code == 200 and got.json()["served_from"] == "delta"
-        texts = {i: t for rec in log if rec["op"] == "upsert" for i, t in rec["texts"].items()}
-        for doc_id in deleted:
+        for doc_id, text in deleted.items():
             for kw in ({"width": "full"}, {}):
-                assert doc_id not in {h["id"] for h in search(http, texts[doc_id], k=10, **kw)["results"]}
+                assert doc_id not in {h["id"] for h in search(http, text, k=10, **kw)["results"]}
             got = http.get(f"{C}/documents/{doc_id}", headers=AUTH)
             assert (got.status_code, got.json()["error"]["code"]) == (404, "unknown_document")
