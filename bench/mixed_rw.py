@@ -10,7 +10,8 @@ Usage::
 2. One gateway (``python -m service``) on it with a generated write key, ``--encoder-threads`` ONNX threads and
    the online-CUS sampler off (it skips queries while the delta segment is not empty, so it would do less work
    in the mixed run than in the read-only one).
-3. A discarded read-only warm-up run (``--warmup-seconds``), then the **read-only** run and the **mixed** run,
+3. A discarded read-only warm-up run (``--warmup-seconds``), then the **read-only** run and the **mixed** run
+   (``--repeat`` such pairs, alternating, their samples pooled: background load that drifts hits both alike),
    each ``--seconds`` long with the same ``--users`` search users; the mixed run adds ``--writers`` writer users
    (``loadtest/locustfile.py``'s ``WriterUser``: two upserts of ``--batch`` SciFact documents, then a delete of
    two of them, ``--write-wait`` seconds apart).  Each run is its own headless locust process
@@ -114,24 +115,27 @@ def summarize(samples: list[tuple[str, float, bool]], seconds: float) -> dict:
 
 
 def measured_run(url: str, gateway_pid: int, prefix: Path, args, writers: int, write_key: str,
-                 write_log: Path | None = None) -> dict:
-    """One locust run with CPU accounting; returns :func:`summarize` plus CPU shares and locust's exit code."""
+                 write_log: Path | None = None, text_offset: int = 0) -> tuple[dict, list]:
+    """One locust run with CPU accounting; returns (:func:`summarize` plus CPU shares and locust's exit code,
+    the run's samples)."""
     cpu0, (busy0, total0), kids0, t0 = _proc_cpu_s(gateway_pid), _machine_ticks(), \
         resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     run = run_locust(url, prefix, users=args.users, spawn_rate=args.spawn_rate, seconds=args.seconds,
                      queries=SCIFACT / "queries.jsonl.gz", writers=writers, write_key=write_key,
                      write_collection="scifact", write_log=write_log,
                      extra_env={"ADAWIDTH_LOCUST_WRITE_BATCH": str(args.batch),
-                                "ADAWIDTH_LOCUST_WRITE_WAIT": args.write_wait})
+                                "ADAWIDTH_LOCUST_WRITE_WAIT": args.write_wait,
+                                "ADAWIDTH_LOCUST_TEXT_OFFSET": str(text_offset)})
     wall = time.monotonic() - t0
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy1, total1 = _machine_ticks()
-    out = summarize(read_samples(run.samples), args.seconds)
+    samples = read_samples(run.samples)
+    out = summarize(samples, args.seconds)
     out.update(gateway_cpu_per_s=round((_proc_cpu_s(gateway_pid) - cpu0) / wall, 2),
                locust_cpu_per_s=round((kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) / wall, 2),
                machine_busy_share=round((busy1 - busy0) / max(total1 - total0, 1), 3),
                locust_exit_code=run.returncode, locust_failures=run.failures)
-    return out
+    return out, samples
 
 
 def verify_writes(url: str, write_log: Path) -> dict:
@@ -156,12 +160,13 @@ def render(r: dict) -> str:
             ("writes (upserts + deletes)", None), ("failed writes", "failed_writes"), ("write p50 ms", "write_p50_ms"),
             ("write p99 ms", "write_p99_ms"), ("gateway CPU s per s", "gateway_cpu_per_s"),
             ("locust CPU s per s", "locust_cpu_per_s"), ("machine busy share", "machine_busy_share")]
-    L = [f"`{r['command']}`", "", f"{r['date']}; machine: {r['machine']}; load average before the runs "
-         f"{r['loadavg_before']}. {r['note']}", "",
+    L = [f"`{r['command']}`", "", f"{r['date']}; machine: {r['machine']}; load average (1, 5, 15 min) before the runs "
+         f"{r['loadavg_before']}, after {r['loadavg_after']}. {r['note']}", "",
          f"**p99(mixed) / p99(read-only) = {r['p99_ratio']:.2f}** (target <= {TARGET}: "
          f"{'met' if r['p99_ratio'] <= TARGET else 'missed'}); failed searches {mx['failed_searches']} "
          f"(read-only {ro['failed_searches']}), failed writes {mx['failed_writes']}.", "",
-         f"| {r['users']} search users, {r['seconds']} s | read-only | mixed (+ {r['writers']} writer) |", "|---|---|---|"]
+         f"| {r['users']} search users, {r['seconds']} s{' x ' + str(r['repeat']) + ' (pooled)' if r['repeat'] > 1 else ''}"
+         f" | read-only | mixed (+ {r['writers']} writer) |", "|---|---|---|"]
     for label, key in rows:
         if key is None:
             L.append(f"| {label} | {ro['writes']} | {mx['writes']} ({mx['upserts']} + {mx['deletes']}; "
@@ -175,7 +180,11 @@ def render(r: dict) -> str:
           "Searches: every search request but the deliberately invalid ones (those count as failed only when they do "
           "not get their documented 4xx). Latency is client-side (locust over loopback, encoding included), exact "
           "percentiles of every request. The gateway, locust and the writes' encoding share the machine's cores."]
-    L += ["", f"CPU: the gateway used {ro['gateway_cpu_per_s']} CPU seconds per second read-only and "
+    if r["repeat"] > 1:
+        L += ["", "Each pair (read-only run, then mixed run): "
+              + "; ".join(f"p99 {q['read_only']['p99_ms']} -> {q['mixed']['p99_ms']} ms ({q['p99_ratio']:.2f}x), "
+                          f"{q['mixed']['writes']} writes" for q in r["pairs"]) + "."]
+    L += ["", f"CPU (mean of the runs): the gateway used {ro['gateway_cpu_per_s']} CPU seconds per second read-only and "
               f"{mx['gateway_cpu_per_s']} mixed, locust {ro['locust_cpu_per_s']} and {mx['locust_cpu_per_s']}; the "
               f"machine's cores were {ro['machine_busy_share']:.0%} and {mx['machine_busy_share']:.0%} busy."]
     return "\n".join(L) + "\n"
@@ -187,6 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--writers", type=int, default=1, help="writer users of the mixed run")
     p.add_argument("--seconds", type=int, default=60, help="length of each measured run")
     p.add_argument("--warmup-seconds", type=int, default=10, help="discarded read-only run first (0: none)")
+    p.add_argument("--repeat", type=int, default=1, help="read-only + mixed pairs, alternating; figures pooled")
     p.add_argument("--spawn-rate", type=float, default=4)
     p.add_argument("--batch", type=int, default=4, help="documents per upsert")
     p.add_argument("--write-wait", default="0.5,1.0", help="seconds between a writer's writes, 'lo,hi'")
@@ -194,8 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--note", default="", help="a sentence on the run's conditions, recorded with it")
     args = p.parse_args(argv)
-    if args.users < 1 or args.writers < 1 or args.seconds < 1 or args.batch < 1:
-        p.error("--users, --writers, --seconds and --batch must be >= 1")
+    if min(args.users, args.writers, args.seconds, args.batch, args.repeat) < 1:
+        p.error("--users, --writers, --seconds, --batch and --repeat must be >= 1")
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-mixed-rw-"))
     proc = None
@@ -213,9 +223,23 @@ def main(argv=None) -> int:
             warm = argparse.Namespace(**{**vars(args), "seconds": args.warmup_seconds})
             measured_run(url, proc.pid, tmp / "warmup", warm, 0, key)
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        read_only = measured_run(url, proc.pid, tmp / "read", args, 0, key)
         write_log = tmp / "writes.jsonl"
-        mixed = measured_run(url, proc.pid, tmp / "mixed", args, args.writers, key, write_log)
+        pairs, pooled = [], {"read_only": [], "mixed": []}
+        for n in range(args.repeat):  # read-only then mixed, alternating: drifting background load hits both
+            ro, ro_samples = measured_run(url, proc.pid, tmp / f"read-{n}", args, 0, key)
+            mx, mx_samples = measured_run(url, proc.pid, tmp / f"mixed-{n}", args, args.writers, key, write_log,
+                                          text_offset=n * 1_000_000)  # each run writes texts of its own
+            pooled["read_only"] += ro_samples
+            pooled["mixed"] += mx_samples
+            pairs.append({"read_only": ro, "mixed": mx, "p99_ratio": round(mx["p99_ms"] / ro["p99_ms"], 3)})
+        if args.repeat == 1:
+            read_only, mixed = pairs[0]["read_only"], pairs[0]["mixed"]
+        else:
+            read_only, mixed = ({**summarize(pooled[k], args.seconds * args.repeat),
+                                 **{c: round(float(np.mean([q[k][c] for q in pairs])), 3) for c in
+                                    ("gateway_cpu_per_s", "locust_cpu_per_s", "machine_busy_share")}}
+                                for k in ("read_only", "mixed"))
+        loadavg_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
         verify = verify_writes(url, write_log)
         errors_5xx = gateway_5xx(url)
     finally:
@@ -226,11 +250,12 @@ def main(argv=None) -> int:
     ratio = mixed["p99_ms"] / read_only["p99_ms"]
     result = {"command": command("mixed_rw", argv, env="OMP_NUM_THREADS=1" if os.environ.get("OMP_NUM_THREADS") == "1"
                                  else ""),
-              "date": date, "machine": machine(), "loadavg_before": loadavg, "note": args.note, "version": version,
+              "date": date, "machine": machine(), "loadavg_before": loadavg, "loadavg_after": loadavg_after, "note": args.note, "version": version,
               "users": args.users, "writers": args.writers, "seconds": args.seconds, "batch": args.batch,
               "write_wait": args.write_wait, "encoder_threads": args.encoder_threads, "target": TARGET,
               "p99_ratio": round(ratio, 3), "target_met": ratio <= TARGET,
-              "runs": {"read_only": read_only, "mixed": mixed}, "verify": verify, "gateway_5xx": errors_5xx}
+              "repeat": args.repeat, "runs": {"read_only": read_only, "mixed": mixed}, "pairs": pairs,
+              "verify": verify, "gateway_5xx": errors_5xx}
     md = render(result)
     write_results(args.out / "summary", result, md)
     print(md)

@@ -40,7 +40,9 @@ two upserts and one delete, waiting ``ADAWIDTH_LOCUST_WRITE_WAIT`` seconds betwe
   new documents, ids ``locust-<run>-w<user>-<n>`` (unique per user and run; ``<run>`` from
   ``ADAWIDTH_LOCUST_RUN``, default the process id and start time).  Text: a SciFact corpus document (the bundled
   ``corpus.jsonl.gz``, or ``ADAWIDTH_LOCUST_CORPUS``) with a SciFact claim put first, so each written text is
-  new (its own embedding) and real; double quotes (straight and curly) become single ones (a quoted phrase
+  new (its own embedding) and real (the n-th document of a run: corpus document 7919 n, claim n, modulo their
+  counts, n counted from ``ADAWIDTH_LOCUST_TEXT_OFFSET``, default 0: runs against one gateway need offsets
+  far apart, or they write the same texts under other ids); double quotes (straight and curly) become single ones (a quoted phrase
   would restrict a search of the text);
 * delete: ``POST /v1/collections/{name}/documents/delete`` of this user's two oldest live ids.
 
@@ -230,7 +232,8 @@ class WriterUser(HttpUser):
     batch = int(os.environ.get("ADAWIDTH_LOCUST_WRITE_BATCH", "4"))
     run_tag = os.environ.get("ADAWIDTH_LOCUST_RUN") or f"{os.getpid()}-{int(time.time())}"
     _users = itertools.count()
-    _texts = itertools.count()  # one counter for every writer: no two written documents share a text
+    # one counter for every writer: no two documents of a run share a text (nor of runs given other offsets)
+    _texts = itertools.count(int(os.environ.get("ADAWIDTH_LOCUST_TEXT_OFFSET", "0")))
     _corpus: list[tuple[str, str]] | None = None
 
     def on_start(self):
