@@ -203,11 +203,14 @@ def main(argv=None) -> int:
     p.add_argument("--encoder-threads", type=int, default=1, help="the gateway's ADAWIDTH_ENCODER_THREADS")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--note", default="", help="a sentence on the run's conditions, recorded with it")
+    p.add_argument("--keep", type=Path, help="keep the home, gateway log and locust files in this new folder")
     args = p.parse_args(argv)
     if min(args.users, args.writers, args.seconds, args.batch, args.repeat) < 1:
         p.error("--users, --writers, --seconds, --batch and --repeat must be >= 1")
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-mixed-rw-"))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)
+    tmp = args.keep or Path(tempfile.mkdtemp(prefix="bench-mixed-rw-"))
     proc = None
     try:
         home = tmp / "home"
@@ -246,7 +249,8 @@ def main(argv=None) -> int:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
     ratio = mixed["p99_ms"] / read_only["p99_ms"]
     result = {"command": command("mixed_rw", argv, env="OMP_NUM_THREADS=1" if os.environ.get("OMP_NUM_THREADS") == "1"
                                  else ""),
