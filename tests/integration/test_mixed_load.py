@@ -20,8 +20,8 @@ import pytest
 
 from loadtest import DELETE_NAME, UPSERT_NAME, acknowledged_state
 from tests.conftest import ROOT
-from tests.integration.test_live_documents import (AUTH, C, WRITE_KEY, copy_home, pristine_home,  # noqa: F401
-                                                   running, search, writes)
+from tests.integration.test_live_documents import copy_home, pristine_home, running, search  # noqa: F401
+from tests.live_support import AUTH, C, WRITE_KEY, writes
 
 pytestmark = pytest.mark.integration
 
