@@ -48,6 +48,7 @@ import numpy as np
 
 from bench.common import RESULTS, ROOT, command, machine, write_results
 from bench.demo import free_port, start_gateway, wait_ready
+from engine.version import store
 from loadtest import DELETE_NAME, UPSERT_NAME, acknowledged_state
 from loadtest.run import gateway_5xx, run_locust
 
@@ -70,7 +71,7 @@ def build_home(home: Path) -> str:
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"trainer build failed: {r.stderr[-3000:]}")
-    return (home / "indexes" / "scifact" / "LIVE").read_text().strip()
+    return store.read_live_pointer(home / "indexes" / "scifact")
 
 
 def _proc_cpu_s(pid: int) -> float:
