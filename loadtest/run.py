@@ -11,6 +11,13 @@ monkey-patches with gevent, so it never runs inside this one), stops the gateway
 ``bench/results/<stem>.{json,md}`` (default stem ``locust_<collection>``): per request name and in
 aggregate, requests, failures, p50/p95/p99 (ms, locust's rounding), requests/s, the failure messages, and
 the gateway's own count of 5xx answers (from ``/metrics``).  Exit status 0 when no request failed.
+
+``--writers N`` (default 0: the read-only run) adds N writer users (the locustfile's ``WriterUser``: upserts and
+deletes of live documents) beside the ``--users`` search users; they need the gateway's write key
+(``--write-key``, default env ``ADAWIDTH_WRITE_API_KEY``; a gateway this command starts gets a generated one).
+``--write-log PATH`` appends every acknowledged write to PATH (JSON lines, see the locustfile)::
+
+    .venv/bin/python -m loadtest.run --home var --users 8 --writers 1 --seconds 60 --stem locust_scifact_mixed
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ import csv
 import json
 import os
 import platform
+import secrets
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -51,6 +60,62 @@ def parse_stats(prefix: Path) -> tuple[list[dict], list[dict]]:
     return rows, failures
 
 
+SEARCH_USER, WRITER_USER = "SearchUser", "WriterUser"
+
+
+@dataclass
+class LocustRun:
+    """One headless locust run: locust's per-name ``rows`` and ``failures`` (:func:`parse_stats`), its exit
+    code, its combined output, and the per-request samples file (``name,response_time_ms,ok`` lines)."""
+
+    rows: list[dict]
+    failures: list[dict]
+    returncode: int
+    output: str
+    samples: Path
+
+
+def run_locust(url: str, prefix: Path, *, users: int, spawn_rate: float, seconds: int, queries: Path,
+               writers: int = 0, write_key: str | None = None, collection: str | None = None,
+               write_collection: str | None = None, write_log: Path | None = None,
+               extra_env: dict | None = None) -> LocustRun:
+    """Run ``locust -f loadtest/locustfile.py --headless`` against ``url`` for ``seconds`` seconds, as its own
+    process, with ``users`` search users and ``writers`` writer users (0: the read-only scenario).
+
+    Writes ``<prefix>_stats.csv``, ``<prefix>_failures.csv`` and ``<prefix>_samples.csv`` (replaced).
+    ``collection``: the collection searched (None: ``/v1/search``, the gateway's default); ``write_collection``:
+    the one written (default ``collection``, else ``scifact``); ``write_log``: where acknowledged writes are appended; ``extra_env``: more ``ADAWIDTH_LOCUST_*`` variables.
+
+    Raises:
+        ValueError: ``writers`` > 0 without ``write_key``.
+        RuntimeError: locust wrote no stats (its output is in the message).
+    """
+    if writers and not write_key:
+        raise ValueError("writer users need the gateway's write key")
+    samples = Path(f"{prefix}_samples.csv")
+    samples.unlink(missing_ok=True)
+    env = dict(os.environ, ADAWIDTH_LOCUST_QUERIES=str(queries), ADAWIDTH_LOCUST_SAMPLES=str(samples),
+               **(extra_env or {}))
+    if collection:
+        env["ADAWIDTH_LOCUST_COLLECTION"] = collection
+    classes = [SEARCH_USER]
+    if writers:
+        env.update(ADAWIDTH_LOCUST_WRITE_KEY=write_key, ADAWIDTH_LOCUST_WRITERS=str(writers))
+        if write_collection:
+            env["ADAWIDTH_LOCUST_WRITE_COLLECTION"] = write_collection
+        if write_log is not None:
+            env["ADAWIDTH_LOCUST_WRITE_LOG"] = str(write_log)
+        classes.append(WRITER_USER)
+    cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(ROOT / "loadtest" / "locustfile.py"),
+           "--headless", "-u", str(users + writers), "-r", str(spawn_rate), "-t", f"{seconds}s",
+           "--host", url, "--csv", str(prefix), "--only-summary", "--stop-timeout", "10", *classes]
+    lc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 120)
+    if not Path(f"{prefix}_stats.csv").exists():
+        raise RuntimeError(f"locust wrote no stats: {lc.stdout[-3000:]}{lc.stderr[-3000:]}")
+    rows, failures = parse_stats(prefix)
+    return LocustRun(rows, failures, lc.returncode, lc.stdout + lc.stderr, samples)
+
+
 def gateway_5xx(url: str) -> float | None:
     try:
         with Client(url, timeout_s=5) as client:
@@ -62,10 +127,14 @@ def gateway_5xx(url: str) -> float | None:
 
 
 def render(r: dict) -> str:
-    L = [f"# Locust: {r['users']} users, {r['seconds']} s against {r['target']}", "",
+    writers = f" + {r['writers']} writer users" if r.get("writers") else ""
+    L = [f"# Locust: {r['users']} users{writers}, {r['seconds']} s against {r['target']}", "",
          f"Command: `{r['command']}`", "", f"{r['date']}; {r['machine']}. Traffic: `loadtest/locustfile.py` "
          f"(queries from `{r['queries_file']}`; mixed k, auto / auto+ρ / default / fixed widths / full, 5 % invalid "
-         "requests that must get their documented 4xx code and then count as successes).", "",
+         "requests that must get their documented 4xx code and then count as successes"
+         + ("; writers: two upserts of a few SciFact documents, then a delete of 2, each a 202 or a failure"
+            if writers else "")
+         + ").", "",
          "| request | requests | failures | p50 ms | p95 ms | p99 ms | mean ms | max ms | req/s |",
          "|---|---|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
@@ -91,9 +160,15 @@ def main(argv=None) -> int:
     p.add_argument("--spawn-rate", type=float, default=4)
     p.add_argument("--seconds", type=int, default=60)
     p.add_argument("--encoder-threads", type=int, default=1, help="ADAWIDTH_ENCODER_THREADS of the started gateway")
+    p.add_argument("--writers", type=int, default=0, help="writer users beside --users (0: read-only)")
+    p.add_argument("--write-key", default=os.environ.get("ADAWIDTH_WRITE_API_KEY"),
+                   help="the gateway's write API key (a started gateway gets a generated one)")
+    p.add_argument("--write-log", type=Path, help="append every acknowledged write here (JSON lines)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--stem")
     args = p.parse_args(argv)
+    if args.writers < 0 or args.users < 1:
+        p.error("--users must be >= 1 and --writers >= 0")
 
     workdir = args.home.resolve() / "locust"  # logs and locust CSVs (var/ is not committed)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -102,34 +177,39 @@ def main(argv=None) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         os.environ["ADAWIDTH_ENCODER_THREADS"] = str(args.encoder_threads)
-        proc = start_gateway(args.home.resolve(), args.collection, port, workdir / "gateway.log")
+        settings = None
+        if args.writers:
+            args.write_key = args.write_key or f"wrt-{secrets.token_urlsafe(18)}"
+            settings = {"WRITE_API_KEY": args.write_key}
+        proc = start_gateway(args.home.resolve(), args.collection, port, workdir / "gateway.log", settings)
     try:
         if proc is not None:
             wait_ready(url, proc)
         prefix = workdir / "run"
-        env = dict(os.environ, ADAWIDTH_LOCUST_QUERIES=str(args.queries))
-        cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(ROOT / "loadtest" / "locustfile.py"),
-               "--headless", "-u", str(args.users), "-r", str(args.spawn_rate), "-t", f"{args.seconds}s",
-               "--host", url, "--csv", str(prefix), "--only-summary", "--stop-timeout", "10"]
         t0 = time.time()
-        lc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.seconds + 120)
-        (workdir / "locust.log").write_text(lc.stdout + lc.stderr)
-        if not Path(f"{prefix}_stats.csv").exists():
-            print(lc.stdout[-3000:] + lc.stderr[-3000:], file=sys.stderr)
+        try:
+            lc = run_locust(url, prefix, users=args.users, spawn_rate=args.spawn_rate, seconds=args.seconds,
+                            queries=args.queries, writers=args.writers, write_key=args.write_key,
+                            write_collection=args.collection, write_log=args.write_log)
+        except (RuntimeError, ValueError) as e:
+            print(e, file=sys.stderr)
             return 2
+        (workdir / "locust.log").write_text(lc.output)
         errors_5xx = gateway_5xx(url)
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
-    rows, failures = parse_stats(prefix)
+    rows, failures = lc.rows, lc.failures
     agg = next(r for r in rows if r["name"] == "Aggregated")
-    shown = " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    given = list(argv if argv is not None else sys.argv[1:])
+    shown = " ".join("***" if i and given[i - 1] == "--write-key" else (
+        "--write-key=***" if a.startswith("--write-key=") else a) for i, a in enumerate(given))  # never the key
     result = {"command": f".venv/bin/python -m loadtest.run {shown}".strip(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "target": url if args.host else "a gateway "
               f"started on {args.collection} (encoder threads {args.encoder_threads})", "users": args.users,
-              "spawn_rate": args.spawn_rate, "seconds": args.seconds, "queries_file": str(args.queries.relative_to(ROOT)
+              "spawn_rate": args.spawn_rate, "seconds": args.seconds, "writers": args.writers, "queries_file": str(args.queries.relative_to(ROOT)
                                                                                        if args.queries.is_relative_to(ROOT) else args.queries),
               "rows": [r for r in rows if r["name"] != "Aggregated"], "aggregate": agg, "failures": failures,
               "failure_ratio": agg["failures"] / max(agg["requests"], 1), "gateway_5xx": errors_5xx,

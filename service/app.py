@@ -232,9 +232,10 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
               "content": {"application/json": {"example": ex.NOT_READY}}}})
     async def readyz():
         """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
-        ``status`` "ready", or "degraded" when the registry is unreachable or a collection's registry live version
-        was refused here, or a collection's write-ahead log follower (Redis) cannot follow the log (the replica
-        still serves its own live versions correctly, so it stays in rotation; see deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
+        ``status`` "ready", or "degraded" when the registry is unreachable, a collection's registry live version
+        was refused here, a collection's write-ahead log follower (Redis) cannot follow the log, or a pinned
+        collection's lease report failed (the replica still serves its own live versions correctly, so it stays in
+        rotation; see deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
         every served collection's live version, documents and registry view."""
         per = {name: state.collection_status(name) for name in state.collections}
         missing = [name for name, c in per.items() if c["index_version"] is None]

@@ -208,27 +208,96 @@ class RegistryFollower:
             self._last_report, self._last_report_at = key, now
 
 
+class PinnedLease:
+    """Reports a pinned collection's versions to the registry, so that version retention keeps their files.
+
+    A replica pinned with ``ADAWIDTH_VERSION`` follows no registry entry (it never switches), but it still serves
+    from its version's directory: without a report no lease protects that directory, and ``trainer retention``
+    would delete an old pinned version under it.  This thread reports ``{"live": <pinned version>, "warm": [...],
+    "refused": {}, "pinned": true}`` (:meth:`engine.registry.base.Registry.report_replica`) at once and then
+    every ``every_s`` seconds (below the trainer's ``lease_fresh_seconds``, default 60 s); a failed report is
+    logged, shown in :meth:`status` and retried on the next beat, and serving goes on.
+
+    Args:
+        registry: the registry the trainer reads leases from.
+        manager: the pinned collection's versions.
+        replica: this replica's id.
+        every_s: seconds between reports (> 0).
+    """
+
+    def __init__(self, registry: Registry, manager: VersionManager, replica: str, *, every_s: float = 10.0):
+        if every_s <= 0:
+            raise ValueError("every_s must be positive")
+        self.registry, self.manager, self.replica, self.every_s = registry, manager, replica, every_s
+        self.collection = manager.collection
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Report once in the caller, then every ``every_s`` seconds in a daemon thread."""
+        self.report()
+        self._thread = threading.Thread(target=self._run, name=f"pinned-lease-{self.collection}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reporting (the lease then lapses after the trainer's ``lease_fresh_seconds``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.report()
+
+    def report(self) -> bool:
+        """One report of the live and warm versions; False (and :attr:`error` set) when it failed."""
+        live = self.manager.live
+        rep = {"live": live.version if live else None, "warm": self.manager.warm(), "refused": {}, "pinned": True}
+        try:
+            self.registry.report_replica(self.collection, self.replica, rep)
+        except Exception as e:  # RegistryUnavailable, OSError: keep serving, retry on the next beat
+            if self.error is None:
+                log.error("cannot report the lease of pinned %s/%s: %s", self.collection, rep["live"], e)
+            self.error = str(e) or type(e).__name__
+            return False
+        self.error = None
+        return True
+
+    def status(self) -> dict:
+        """Registry view for ``/readyz``: ``{"registry": "pinned", "degraded": [...]}``; degraded while the
+        last lease report failed (retention may then delete the pinned version's files)."""
+        return {"registry": "pinned", "lease_registry": self.registry.kind,
+                "degraded": [f"lease not reported: {self.error}"] if self.error else []}
+
 
 def start_replica(settings, manager: VersionManager, metrics=None, *, registry: Registry | None = None):
     """Load the first live version of ``manager``'s collection and start following its registry entry.
 
     When ``settings.version`` is set and the manager's collection is the default one (``settings.collection``)
-    the collection is pinned to that version (no registry).  Otherwise the collection follows its own entry in
+    the collection is pinned to that version: it never follows the registry, but a :class:`PinnedLease` reports
+    it there, so retention keeps its files.  Otherwise the collection follows its own entry in
     ``registry`` (opened with :func:`engine.registry.open_registry` when None; a gateway serving several
     collections passes the one it shares between them): one reconcile here (falling back to the collection's
     ``LIVE`` file when the registry is unreachable or empty), then the follower thread.
 
     Returns:
-        ``(registry | None, follower | None, load_error | None)``.
+        ``(registry | None, follower | None, load_error | None)``; for a pinned collection the follower is its
+        :class:`PinnedLease` (None when the pinned version was refused).
     """
     root, coll = Path(settings.index_root), manager.collection
+    replica = settings.replica_id or default_replica_id(settings.port)
     if settings.version and coll == settings.collection:
         try:
             manager.ensure_loaded(settings.version)
             manager.switch(settings.version, "start")
         except VersionRefused as e:
             return None, None, str(e)
-        return None, None, None
+        if registry is None:
+            registry = open_registry(redis_url=settings.redis_url, index_root=root)
+        lease = PinnedLease(registry, manager, replica)
+        lease.start()
+        return registry, lease, None
     if registry is None:
         registry = open_registry(redis_url=settings.redis_url, index_root=root)
 
@@ -238,7 +307,7 @@ def start_replica(settings, manager: VersionManager, metrics=None, *, registry: 
         except (OSError, ValueError, KeyError):
             return None
 
-    follower = RegistryFollower(registry, manager, settings.replica_id or default_replica_id(settings.port),
+    follower = RegistryFollower(registry, manager, replica,
                                 poll_s=settings.registry_poll_s, backoff_max_s=settings.registry_backoff_max_s,
                                 fallback_live=fallback, metrics=metrics)
     follower.start()

@@ -26,7 +26,7 @@ from engine.stage1 import Stage1Unavailable
 from engine.stages.delta import merge_delta
 from service.config import GatewaySettings
 from service.errors import ApiError
-from service.follower import RegistryFollower, start_replica
+from service.follower import PinnedLease, RegistryFollower, start_replica
 from service.limits import SearchLimiter, check_deadline
 from service.metrics import CutoverMetrics, GatewayMetrics
 from service.online_cus import OnlineCusMonitor
@@ -59,8 +59,9 @@ class GatewayState:
             versions.level_scan_min_docs = settings.level_scan_min_docs
             self.collections[name] = versions
         self.versions = self.collections[settings.collection]  # the default collection's
-        self.registry = None  # engine.registry.Registry shared by the followers; None when nothing follows one
+        self.registry = None  # engine.registry.Registry shared by the followers (and a pinned lease); None: none
         self.followers: dict[str, RegistryFollower] = {}  # by collection; none for a pinned default collection
+        self.pinned_leases: dict[str, PinnedLease] = {}  # the pinned default collection's lease reporter
         self.load_error: str | None = None  # the encoder's, or the default collection's, failure at start
         self.load_errors: dict[str, str] = {}  # collection -> why it had no live version at start
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
@@ -105,7 +106,7 @@ class GatewayState:
         and its registry view (:meth:`service.follower.RegistryFollower.status`, or ``"pinned"``)."""
         versions = self.collection(name)
         live = versions.live
-        follower = self.followers.get(name)
+        follower = self.followers.get(name) or self.pinned_leases.get(name)
         reg = follower.status() if follower is not None else {"registry": "pinned", "degraded": []}
         return {"index_version": live.version if live is not None else None,
                 "documents": live.size if live is not None else None, **reg}
@@ -140,7 +141,9 @@ class GatewayState:
             versions.encoder = self.encoder
             registry, follower, error = start_replica(s, versions, self.cutover_metrics, registry=self.registry)
             self.registry = registry or self.registry
-            if follower is not None:
+            if isinstance(follower, PinnedLease):
+                self.pinned_leases[name] = follower
+            elif follower is not None:
                 self.followers[name] = follower
             live = versions.live
             if live is None:
@@ -148,7 +151,8 @@ class GatewayState:
                 log.error("gateway not ready: %s", self.load_errors[name])
                 continue
             log.info("serving %s/%s (%d documents, providers %s, registry %s)", name, live.version, live.size,
-                     self.encoder.providers, self.registry.kind if follower is not None else "pinned")
+                     self.encoder.providers, "pinned" if name in self.pinned_leases or follower is None
+                     else self.registry.kind)
         self.load_error = self.load_errors.get(s.collection)
         self.live_docs.open()
 
@@ -181,11 +185,12 @@ class GatewayState:
             return previous, versions.live.version if versions.live is not None else None
 
     def close(self) -> None:
-        """Stop every collection's registry follower, the limiter and the online-CUS worker."""
+        """Stop every collection's registry follower (and a pinned collection's lease reports), the limiter and
+        the online-CUS worker."""
         self.limiter.close()
         self.online_cus.close()
         self.live_docs.close()
-        for follower in self.followers.values():
+        for follower in (*self.followers.values(), *self.pinned_leases.values()):
             follower.stop()
         if self.registry is not None:
             self.registry.close()

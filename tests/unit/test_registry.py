@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 
 import pytest
 
@@ -98,3 +99,47 @@ def test_two_file_publishers_race_without_losing_anything(tmp_path):
     promos = [e for e in hist if e["action"] == "promote"]
     assert all(b["from"] == a["version"] for a, b in zip(promos, promos[1:]))
     assert set(state.candidates) == published - promoted and state.live == promos[-1]["version"]
+
+
+class _PinnedVersions:
+    """The part of a VersionManager a PinnedLease reads: the collection, the live version, the warm ones."""
+
+    collection = "c"
+
+    def __init__(self, version: str):
+        self.live = type("V", (), {"version": version})()
+
+    def warm(self):
+        return [self.live.version]
+
+
+def test_a_pinned_replica_reports_its_lease_and_says_when_it_cannot(tmp_path):
+    from engine.registry.state import RegistryUnavailable
+    from engine.version.retention import leases
+    from service.follower import PinnedLease
+
+    reg = FileRegistry(tmp_path)
+    lease = PinnedLease(reg, _PinnedVersions("v1"), "pinned-1", every_s=0.05)
+    lease.start()
+    try:
+        rep = reg.replicas("c")["pinned-1"]
+        assert (rep["live"], rep["warm"], rep["pinned"]) == ("v1", ["v1"], True)
+        assert leases(reg.replicas("c"), rep["ts"], 60) == {"v1": ["pinned-1"]}
+        assert lease.status() == {"registry": "pinned", "lease_registry": "file", "degraded": []}
+        first_ts = rep["ts"]
+        deadline = time.monotonic() + 30
+        while reg.replicas("c")["pinned-1"]["ts"] == first_ts:  # reported again on the next beat
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        lease.stop()
+
+    def down(*a, **kw):
+        raise RegistryUnavailable("redis down")
+
+    reg.report_replica = down
+    assert lease.report() is False and lease.status()["degraded"] == ["lease not reported: [registry_unavailable] redis down"]
+    del reg.report_replica
+    assert lease.report() is True and lease.status()["degraded"] == []
+    with pytest.raises(ValueError):
+        PinnedLease(reg, _PinnedVersions("v1"), "p", every_s=0)
