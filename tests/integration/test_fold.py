@@ -27,7 +27,7 @@ from engine.io.beir import load_corpus, load_qrels, load_queries
 from engine.registry import open_registry
 from engine.version import store
 from engine.version.manifest import read_manifest
-from engine.wal import FileWriteLog
+from engine.wal import FileWriteLog, WalCut
 from tests.conftest import ROOT, SCIFACT, VAR, build_home
 from tests.integration.test_live_documents import copy_home, put, running, search
 from tests.live_support import AUTH, C, coll_dir, fold, fold_env, trainer, wait_live, writes
@@ -337,3 +337,40 @@ def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_
                                                                  for kw in ({"width": "full"}, {})]})
             assert r.status_code == 200
             assert not {h["id"] for res in r.json()["results"] for h in res["results"]} & gone
+
+
+def test_disk_stays_bounded_over_20_consecutive_folds_and_the_log_is_cut(pristine_home, tmp_path, claims, encoder,
+                                                                        encoder_dir):
+    """Twenty folds in a row (each of a few writes, promoted): the version directories never exceed keep_versions
+    + live + previous, the bytes on disk stop growing once retention starts deleting, and the write-ahead log
+    is cut up to what every kept version folded."""
+    home = copy_home(pristine_home, tmp_path / "home")
+    keep = 2
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None, keep_versions=keep,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    coll = coll_dir(home)
+    sizes, counts = [], []
+    for n in range(20):
+        log = FileWriteLog(coll / "wal", segment_bytes=256)  # a segment a record, so whole ones can be cut
+        i, t = claims[n % len(claims)]
+        log.append({"op": "upsert", "docs": [{"id": f"{i}-fold{n}", "title": "", "text": f"{t} (fold {n})",
+                                              "fields": {}}]})
+        log.close()
+        with threadpool_limits(limits=1):
+            report = fold_collection(settings, encoder, "scifact", promote=True)
+        assert report["folded"] and report["promoted"], report
+        versions = store.list_versions(coll)
+        counts.append(len(versions))
+        sizes.append(sum(f.stat().st_size for v in versions for f in (coll / v).rglob("*") if f.is_file()))
+        assert len(versions) <= keep + 2, (n, versions)  # the newest keep_versions, live and previous
+        assert store.read_live_pointer(coll) == report["version"]
+    assert max(counts) <= keep + 2  # of the 21 versions made (the build and 20 folds)
+    assert max(sizes[-5:]) <= 1.05 * max(sizes[2:7])  # bounded: no growth beyond the folded documents
+    folded = min(read_manifest(coll / v).writes.folded_seq for v in store.list_versions(coll))
+    assert folded >= 19  # the previous version folded all but the last write
+    log = FileWriteLog(coll / "wal", segment_bytes=256)
+    assert [r["seq"] for r in log.replay(folded)] == list(range(folded + 1, 21))  # what a rollback needs is kept
+    with pytest.raises(WalCut):
+        list(log.replay(0))  # what no kept version needs is gone, and a replay from before it says so
+    log.close()
+    assert (coll / "wal" / "CUT").is_file() and len(list((coll / "wal").glob("*.jsonl"))) <= 3
