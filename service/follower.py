@@ -123,9 +123,11 @@ class RegistryFollower:
             try:
                 if sub is None:
                     sub = self.registry.subscribe(self.collection)
-                    self.reconcile()  # changes missed while unsubscribed
+                    # reachable again: say so before reconciling, so that a replica never serves the new live
+                    # version while /readyz still reports the registry lost (reconcile raises if it drops again)
                     self._up()
                     backoff = self.backoff_initial_s
+                    self.reconcile()  # changes missed while unsubscribed
                 sub.wait(self.poll_s)
                 if self._stop.is_set():
                     break
