@@ -3,13 +3,17 @@
 Usage::
 
     OMP_NUM_THREADS=1 python -m bench.fold [--rotation pca|adapter] [--upserts 52] [--deletes 26]
+                                           [--records gateway raw]
 
 In a temporary home (the ONNX encoder of ``var/models``; a fresh copy of ``var/cache/embeddings.sqlite`` before
 each timed step, so the base corpus comes from the cache and the new texts are encoded every time):
 
 1. a full build of SciFact (the base version, live);
 2. ``--upserts`` new documents (SciFact test claims with a per-run suffix: texts the cache never saw) and
-   ``--deletes`` deletes of base documents, appended to the collection's write-ahead log;
+   ``--deletes`` deletes of base documents, appended to the collection's write-ahead log; ``--records
+   gateway``: with their embeddings, as the gateway logs an upsert (it encodes the batch to serve it from the
+   delta segment at once, :meth:`engine.live.LiveCollection.upsert`, so the fold encodes nothing);
+   ``raw``: without them (a log written by another tool: the fold encodes the new texts);
 3. **fold**: :func:`trainer.fold.fold_collection` (reuses the base's rotation, routers, recall policy; encodes
    only the new texts; level store, lexical side, stage 1, served evaluation, drift check), timed;
 4. **full rebuild**: :func:`trainer.build.build_index` of the folded corpus with the same options, fitting
@@ -38,7 +42,9 @@ from bench.common import RESULTS, ROOT, command, machine, write_results
 from engine.encoder import OnnxEncoder
 from engine.io.beir import load_qrels, load_queries
 from engine.version import store
-from engine.wal import FileWriteLog
+from engine.encoder import encoder_fingerprint
+from engine.live import encoder_text
+from engine.wal import FileWriteLog, pack_embeddings
 from trainer.build import BuildOptions, build_index
 from trainer.config import TrainerSettings
 from trainer.fold import apply_writes, base_documents, fold_collection, pending_writes
@@ -55,7 +61,7 @@ def _fresh_cache(tmp: Path, n: int) -> Path:
     return dst
 
 
-def run(rotation: str, upserts: int, deletes: int) -> dict:
+def run(rotation: str, upserts: int, deletes: int, records: str = "gateway") -> dict:
     """Build, write, fold, rebuild; returns the timings (module docstring)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-fold-"))
     try:
@@ -78,7 +84,11 @@ def run(rotation: str, upserts: int, deletes: int) -> dict:
         base_ids = json.loads((base_path / base_manifest.core.doc_ids).read_text(encoding="utf-8"))
         log = FileWriteLog(tmp / "home" / "indexes" / "scifact" / "wal")
         try:
-            log.append({"op": "upsert", "docs": docs})
+            rec = {"op": "upsert", "docs": docs}
+            if records == "gateway":  # the gateway's record: the batch's embeddings, made when it was written
+                rec["emb"] = pack_embeddings(encoder.encode([encoder_text(d) for d in docs]),
+                                             encoder_fingerprint(encoder))
+            log.append(rec)
             log.append({"op": "delete", "ids": base_ids[:deletes]})
         finally:
             log.close()
@@ -98,7 +108,7 @@ def run(rotation: str, upserts: int, deletes: int) -> dict:
         t_full = time.perf_counter() - t0
         assert full_manifest.corpus.documents == report["documents"]
         return {
-            "rotation": rotation, "corpus_documents": base_manifest.corpus.documents,
+            "rotation": rotation, "records": records, "corpus_documents": base_manifest.corpus.documents,
             "upserts": upserts, "deletes": deletes,
             "share_of_corpus": round((upserts + deletes) / base_manifest.corpus.documents, 4),
             "base_build_seconds": round(t_base, 2),
@@ -106,7 +116,7 @@ def run(rotation: str, upserts: int, deletes: int) -> dict:
             "fold_over_full_rebuild": round(t_fold / t_full, 4),
             "target": "fold of 1 % <= 10 % of a full rebuild",
             "target_met": bool(t_fold <= 0.10 * t_full),
-            "fold": {"encoded_now": report["encoded_now"], "fitting": report["fitting"], "drift": report["drift"],
+            "fold": {"encoded_now": report["encoded_now"], "embeddings_from_log": report.get("embeddings_from_log"), "fitting": report["fitting"], "drift": report["drift"],
                      "changes": report["changes"], "steps_seconds": fold_manifest.get("build_seconds")},
             "full_rebuild": {"encoded_now": full_manifest.corpus.model_dump().get("encoded_now"),
                              "steps_seconds": full_manifest.build_seconds},
@@ -117,21 +127,25 @@ def run(rotation: str, upserts: int, deletes: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+RECORDS = {"gateway": "gateway's (embeddings logged)", "raw": "raw (no embeddings)"}
+
+
 def markdown(cmd: str, rows: list[dict], note: str) -> str:
     """The summary table."""
     lines = [f"`{cmd}`", "", f"Machine: {machine()}. {note}", "",
-             "| rotation | corpus | writes (upserts + deletes) | fold (s) | full rebuild (s) | fold / full | "
-             "target <= 0.10 | encoded by the fold |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| rotation | log records | corpus | writes (upserts + deletes) | fold (s) | full rebuild (s) | "
+             "fold / full | target <= 0.10 | encoded by the fold |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['rotation']} | {r['corpus_documents']} | {r['upserts']} + {r['deletes']} "
+        lines.append(f"| {r['rotation']} | {RECORDS[r['records']]} | {r['corpus_documents']} | {r['upserts']} + {r['deletes']} "
                      f"({100 * r['share_of_corpus']:.1f} %) | {r['fold_seconds']:.1f} | {r['full_rebuild_seconds']:.1f} "
                      f"| {r['fold_over_full_rebuild']:.3f} | {'met' if r['target_met'] else 'missed'} "
                      f"| {r['fold']['encoded_now']} |")
     lines += ["", "Per-step seconds (the manifests' `build_seconds`):", ""]
     for r in rows:
-        lines.append(f"- {r['rotation']}, fold: {json.dumps(r['fold']['steps_seconds'])}")
-        lines.append(f"- {r['rotation']}, full rebuild: {json.dumps(r['full_rebuild']['steps_seconds'])}")
+        lines.append(f"- {r['rotation']}, {r['records']} records, fold: {json.dumps(r['fold']['steps_seconds'])}")
+        lines.append(f"- {r['rotation']}, {r['records']} records, full rebuild: "
+                     f"{json.dumps(r['full_rebuild']['steps_seconds'])}")
     return "\n".join(lines)
 
 
@@ -141,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rotation", nargs="+", default=["pca", "adapter"], choices=["pca", "adapter"])
     p.add_argument("--upserts", type=int, default=52, help="new documents (52: 1 %% of SciFact's 5183)")
     p.add_argument("--deletes", type=int, default=26, help="base documents deleted")
+    p.add_argument("--records", nargs="+", default=["gateway", "raw"], choices=list(RECORDS),
+                   help="upsert records as the gateway logs them (with embeddings) and/or raw (without)")
     p.add_argument("--note", default="Other agents' jobs shared the machine's 2 cores during the run; times are "
                                       "wall-clock of one process on one thread.")
     args = p.parse_args(argv)
@@ -149,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with threadpool_limits(limits=1):
         for rotation in args.rotation:
-            rows.append(run(rotation, args.upserts, args.deletes))
-            print(json.dumps(rows[-1], default=str))
+            for records in args.records:
+                rows.append(run(rotation, args.upserts, args.deletes, records))
+                print(json.dumps(rows[-1], default=str))
     cmd = command("fold", argv, env="OMP_NUM_THREADS=1")
     write_results(OUT / "summary", {"command": cmd, "machine": machine(), "note": args.note, "runs": rows},
                   markdown(cmd, rows, args.note), default=str)

@@ -148,7 +148,7 @@ class IndexVersion:
         return len(self.doc_ids)
 
     @classmethod
-    def load(cls, path: Path | str, *, expect: Expect = Expect(), stage1=None) -> "IndexVersion":
+    def load(cls, path: Path | str, *, expect: Expect = Expect(), stage1=None, lexical: bool = True) -> "IndexVersion":
         """Verify and load a version directory.
 
         Args:
@@ -156,6 +156,8 @@ class IndexVersion:
             expect: what the caller runs (:meth:`engine.version.manifest.Expect.of_encoder`); the default checks
                 only the version's own consistency and this build's router features.
             stage1: a :class:`engine.stage1.Stage1Provider` (None: faiss in process from ``stage1.faiss``).
+            lexical: load the BM25 index and keyword fields (False: a dense-only view, e.g. a fold's base,
+                whose lexical files the fold reads itself).
 
         Raises:
             engine.version.manifest.IndexVersionError: every refusal of :func:`engine.version.manifest.verify`,
@@ -181,7 +183,7 @@ class IndexVersion:
             # query map, then the rotation.  Folding both into one (D, D) query-side matrix keeps every
             # query path (stage 1, rescoring, full width, funnel policy, online CUS) unchanged.
             rotation = (rotation.astype(np.float64) @ query_map).astype(np.float32)
-        lexical = LexicalIndex.load(path, manifest)
+        lexical = LexicalIndex.load(path, manifest) if lexical else None
         if in_process:
             version = cls(path, manifest, rotation, core.docs, core.doc_sqnorm_m0, core.doc_ids,
                           files.read_stage1_index(path, manifest), routers, policy, lexical)

@@ -24,9 +24,13 @@ would not fit on the index volume (:func:`trainer.retention.check_build_disk`: a
 
 **Reuse (a fold, issue 18).**  With ``reuse_from`` (a version directory) and ``documents`` (the corpus to
 index instead of the dataset's: :mod:`trainer.fold`), the expensive fitting steps are skipped: the rotation,
-the routers, the recall policy and the level layout are the base version's; encoding (only new or changed
-texts: the embedding cache keys by content), the level store, the lexical side, stage 1 and the served
-evaluation run as usual.  A drift check then compares the new version's label-free online-CUS agreement
+the routers, the recall policy (its loaded, compiled model) and the level layout are the base version's.
+Only new or changed documents are encoded (the embedding cache keys by content; the gateway's logged
+embeddings seed it), rotated (unchanged documents keep the base's stored rows) and tokenized (the base's BM25
+term counts are reused; the BM25 index is then rebuilt from the counts in a few vectorised passes, equal to a
+from-scratch build).  The level store and stage 1 are rebuilt from the rows; the served evaluation runs
+exhaustive full width and the default request only; the capacity report is carried from the base (marked
+``meta.carried_from``, plots copied) with its online-CUS baseline measured again.  A drift check then compares the new version's label-free online-CUS agreement
 (:func:`online_cus_agreement` on the evaluation queries) with the base version's; beyond
 ``drift_threshold`` the build starts again without reuse (refits) and the manifest's ``writes.fitting`` says
 ``refitted``.
@@ -39,7 +43,9 @@ format's writers (:mod:`engine.version.files`, :mod:`engine.version.lexical`) an
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable
@@ -60,7 +66,7 @@ from engine import ann
 from engine.home import home_defaults
 from engine.index import IndexVersion, Router
 from engine.pipeline import Pipeline, capabilities
-from engine.plan import SearchSpec, is_blank
+from engine.plan import PlanDefaults, SearchSpec, is_blank
 from engine.recall import RecallPolicy
 from engine.stage1 import AnnStage1
 from engine.io.beir import (Collection, DatasetFormatError, available_splits, load_collection, load_qrels,
@@ -69,7 +75,7 @@ from engine.registry import open_registry
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
 from engine.version import files
 from engine.version.files import Files
-from engine.version.lexical import lexical_files
+from engine.version.lexical import lexical_files, lexical_reuse
 from engine.version.manifest import (SCHEMA_VERSION, AdapterSection, BackendSection, CarsSection, CorpusSection, EncoderSection,
                                      Manifest, PolicySection, RouterPairSection, RouterSection, TiersSection,
                                      WritesSection, read_manifest)
@@ -215,18 +221,22 @@ def capacity_for_version(opts: BuildOptions, test: QuerySet, X_rot: np.ndarray, 
     return report
 
 
-def online_cus_agreement(version: IndexVersion, test: QuerySet, texts: list[str]) -> dict | None:
+def online_cus_agreement(version: IndexVersion, test: QuerySet, texts: list[str],
+                         served_rows: list | None = None) -> dict | None:
     """The offline baseline of the gateway's label-free online CUS: the share of ``test`` queries whose top-1
     under the version's default ``auto`` policy (the plain request ``{"query", "k": 10}``) equals the exhaustive
     full-width top-1 over ``version.docs``.  ``{"agreement", "queries", "policy"}``, or None when the version
-    serves no ``auto`` policy or there are no queries.  Cheap: one served search and one (N, Q) product."""
+    serves no ``auto`` policy or there are no queries.  Cheap: one served search and one (N, Q) product;
+    ``served_rows`` (Q row arrays of the plain request's results, already run) skips the search."""
     default = capabilities(version).default_policy
     if default is None or not len(test.ids):
         return None
-    served = Pipeline().search(version, [SearchSpec(query=t, k=10) for t in texts], embeddings=test.emb)
+    if served_rows is None:
+        served_rows = [r.rows for r in Pipeline().search(version, [SearchSpec(query=t, k=10) for t in texts],
+                                                         embeddings=test.emb)]
     q_rot = np.ascontiguousarray(test.emb @ np.asarray(version.rotation, np.float32).T, dtype=np.float32)
     full_top1 = np.argmax(np.asarray(version.docs, np.float32) @ q_rot.T, axis=0)
-    agree = [len(r.rows) > 0 and int(r.rows[0]) == int(full_top1[i]) for i, r in enumerate(served)]
+    agree = [len(r) > 0 and int(r[0]) == int(full_top1[i]) for i, r in enumerate(served_rows)]
     return {"agreement": float(np.mean(agree)), "queries": len(agree), "policy": f"auto: {default}"}
 
 
@@ -277,6 +287,7 @@ class BuildContext:
     ann: dict | None = None                # the ANN first stage: index, params, curve, section fields
     evaluation: dict | None = None
     capacity: dict | None = None
+    capacity_carried_from: Path | None = None  # a fold: the base version whose capacity report (and plots) it carries
     base: IndexVersion | None = None       # reuse_from, loaded (its fitted parts are reused)
     drift: dict | None = None              # the drift check of a reuse build
 
@@ -439,6 +450,28 @@ def _cars(ctx: BuildContext) -> None:
             ctx.opts.cars, ctx.X, ctx.train, ctx.test, ctx.row_of, ctx.opts.seed)
 
 
+def _reused_rotated_rows(ctx: BuildContext, X: np.ndarray) -> np.ndarray:
+    """(N, D) float32 rotated documents of a fold: a document whose id and encoder text the base version holds
+    keeps the base's stored row (the vector it served, same embedding, same rotation); only new and changed
+    documents are rotated now (``X @ R.T``)."""
+    base = ctx.base
+    R = ctx.R
+    if base.texts is None or len(base.texts) != base.size:
+        return np.ascontiguousarray(X @ R.T, dtype=np.float32)
+    row_of = {d: i for i, d in enumerate(base.doc_ids)}
+    src = np.full(len(ctx.doc_ids), -1, np.int64)
+    for i, (d, doc) in enumerate(zip(ctx.doc_ids, ctx.col.corpus)):
+        j = row_of.get(d)
+        if j is not None and base.texts[j] == doc.encoder_text():
+            src[i] = j
+    out = np.empty((len(ctx.doc_ids), X.shape[1]), np.float32)
+    keep = src >= 0
+    out[keep] = np.asarray(base.docs, np.float32)[src[keep]]
+    if (~keep).any():
+        out[~keep] = X[~keep] @ R.T
+    return out
+
+
 def _rotations(ctx: BuildContext) -> None:
     """PCA, identity and (with a learned rotation) the adapter; the served one rotates the documents."""
     opts, X = ctx.opts, ctx.X
@@ -447,7 +480,7 @@ def _rotations(ctx: BuildContext) -> None:
         ctx.R = np.asarray(ctx.base.rotation, np.float64)
         ctx.rotations = {opts.rotation: ctx.R}
         ctx.adapter_report = dict(ctx.base.manifest.adapter.training or {}) if ctx.base.manifest.adapter else None
-        ctx.X_rot = np.ascontiguousarray(X @ ctx.R.T, dtype=np.float32)
+        ctx.X_rot = _reused_rotated_rows(ctx, X)
         ctx.funnel = Funnel.build(ctx.X_rot, ctx.doc_ids, opts.m0, opts.shortlist)
         return
     ctx.rotations = {"identity": np.eye(D)}
@@ -576,13 +609,14 @@ def _levels_and_recall(ctx: BuildContext) -> None:
     if not opts.recall_policy:
         return
     if ctx.base is not None:  # reuse: the base version's recall model and its calibration
-        rp = files.read_recall_policy(ctx.base.path, ctx.base.manifest)
-        if rp is None:
+        loaded, sec_m = ctx.base.recall_policy, ctx.base.manifest.recall_policy
+        if loaded is None or sec_m is None:
             return
-        section = {k: v for k, v in rp.section.model_dump().items()
+        section = {k: v for k, v in sec_m.model_dump().items()
                    if k not in ("file", "calibration_file", "calibration_queries")}
-        ctx.recall = {"booster": rp.booster, "oof": rp.calibration_pred,
-                      "table": _ReusedTable(rp.calibration_recall), "section": section}
+        # the base's loaded policy as it is (booster, calibration, compiled forest): nothing is read or compiled
+        ctx.recall = {"booster": loaded.booster, "oof": loaded.calibration_pred,
+                      "table": _ReusedTable(loaded.calibration_recall), "section": section, "loaded": loaded}
         return
     with ctx.timer("recall policy"):
         if ctx.has_train:
@@ -632,7 +666,7 @@ def served_version(ctx: BuildContext) -> IndexVersion:
     recall = None
     if ctx.recall is not None:
         r, sec = ctx.recall, ctx.recall["section"]
-        recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
+        recall = r.get("loaded") or RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
                               sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
                               margin_share=sec["margin_share"])
     a = None
@@ -656,7 +690,8 @@ SERVED_POLICIES = {
 """The served policies the build's evaluation reports (request fields beside query and k)."""
 
 
-def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], subsets: dict, k: int = 10) -> dict:
+def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], subsets: dict, k: int = 10,
+                      policies: set[str] | None = None, rows: dict | None = None) -> dict:
     """NDCG@10, recall@10 against ``full`` and coordinates per query of each served policy at ``k`` (the default
     request's k), through the gateway's pipeline on ``version`` (what ``trainer evaluate`` and
     ``POST /v1/search`` run).
@@ -666,6 +701,9 @@ def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], s
         test: the evaluation queries with their frozen (unrotated) embeddings, (Q, D) float32.
         texts: Q query texts (the plan checks them; the embeddings are used).
         subsets: name -> (Q,) bool mask or None (all queries).
+        policies: names of :data:`SERVED_POLICIES` to evaluate (None: all; ``full`` is always run, the
+            others' recall is measured against it).
+        rows: when given, filled with policy -> Q result row arrays (for a caller that reuses the searches).
 
     Returns:
         policy -> {subset -> {"ndcg@10", "recall@10_vs_full" (in [0, 1], higher is better),
@@ -678,8 +716,12 @@ def served_evaluation(version: IndexVersion, test: QuerySet, texts: list[str], s
     for name, fields in SERVED_POLICIES.items():
         if fields.get("policy") and not has[fields["policy"]]:
             continue
+        if policies is not None and name != "full" and name not in policies:
+            continue
         results = pipe.search(version, [SearchSpec(query=t, k=k, **fields) for t in texts], embeddings=test.emb)
         ranks = [r.ids for r in results]
+        if rows is not None:
+            rows[name] = [r.rows for r in results]
         if name == "full":
             full = [set(r) for r in ranks]
         nd = ranking_metric(ranks, test.judgments, "ndcg", 10)
@@ -714,11 +756,34 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
             else:
                 ctx.evaluation.pop("_unseen")
         version = served_version(ctx)
-        ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets)
+        served, rows, default_rows = None, {}, None
+        if ctx.base is not None:  # a fold: exhaustive full width and the default request (what the CUS follows)
+            served = {"full"} | ({"recall 0.99"} if version.recall_policy is not None else {"router"})
+        ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets, policies=served, rows=rows)
+        plain = PlanDefaults()
+        if ("recall 0.99" in rows and plain.default_policy == "recall" and "recall" in capabilities(version).policies
+                and plain.default_recall_target == SERVED_POLICIES["recall 0.99"]["recall_target"]):
+            default_rows = rows["recall 0.99"]  # the plain request {"query", "k"} resolves to this one
         if ctx.policy is not None:
             ctx.evaluation["stage1_policy"] = _evaluate_policy(opts, ctx.policy, ctx.X_rot, ctx.R, ctx.doc_ids,
                                                                ctx.test, ctx.train_qrels)
-    if opts.capacity:
+    if opts.capacity and ctx.base is not None and (opts.reuse_from / "capacity.json").is_file():
+        # a fold reuses the base's rotation: the capacity report describes that rotation on the evaluation
+        # queries (spectrum, cliff, scaling in N), which a fold of a few per cent of the corpus does not move,
+        # so it is carried from the base (marked so), and only the online-CUS baseline, which the gateway's
+        # label-free CUS and the drift check compare against, is measured again on the folded corpus; a refit
+        # (the drift check, or a full build) computes the whole report again
+        with ctx.timer("capacity report (carried, online-CUS baseline measured)"):
+            report = json.loads((opts.reuse_from / "capacity.json").read_text(encoding="utf-8"))
+            report.setdefault("meta", {})["carried_from"] = {
+                "version": ctx.base.version, "documents": int(ctx.base.size),
+                "note": "a fold carries its base's capacity report; a refit or full build computes it again"}
+            report.pop("online_cus_baseline", None)
+            baseline = online_cus_agreement(version, ctx.test, texts, served_rows=default_rows)
+            if baseline is not None:
+                report["online_cus_baseline"] = baseline
+            ctx.capacity, ctx.capacity_carried_from = report, opts.reuse_from
+    elif opts.capacity:
         with ctx.timer("capacity report"):
             ctx.capacity = capacity_for_version(opts, ctx.test, ctx.X_rot, ctx.R, ctx.doc_ids, version, texts,
                                                 ctx.name)
@@ -749,7 +814,10 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
     lexical = None
     if opts.lexical:
         with ctx.timer("lexical index"):
-            lex_writers, lexical = lexical_files(texts, [d.fields for d in col.corpus])
+            reuse = None
+            if ctx.base is not None and ctx.base.texts is not None:  # a fold: unchanged documents keep their
+                reuse = lexical_reuse(ctx.base.path, ctx.base.manifest, ctx.base.texts)  # normalised text, counts
+            lex_writers, lexical = lexical_files(texts, [d.fields for d in col.corpus], reuse=reuse)
         writers.update(lex_writers)
     policy = None
     if ctx.policy is not None:
@@ -789,8 +857,14 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
     default_policy = ("recall" if recall_section is not None or ann_section is not None else "funnel" if ctx.policy is not None
                       else "router" if ctx.routers else None)
     if ctx.capacity is not None:
-        writers.update(capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
-                                                           f"{ctx.eval_split} split)"))
+        cap_writers = capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
+                                                          f"{ctx.eval_split} split)")
+        if ctx.capacity_carried_from is not None:  # the carried report's plots are the base's: copied, not drawn
+            for name in [n for n in cap_writers if n.endswith(".png")]:
+                src = ctx.capacity_carried_from / name
+                if src.is_file():
+                    cap_writers[name] = (lambda src: (lambda p: shutil.copyfile(src, p)))(src)
+        writers.update(cap_writers)
     manifest = Manifest(
         schema_version=SCHEMA_VERSION, version=version, collection=ctx.name, created=utc_timestamp(),
         encoder=EncoderSection(**encoder.info.as_manifest()), dimension=encoder.dimension, m0=opts.m0,
@@ -864,7 +938,7 @@ def build_index(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
 def _build_locked(opts: BuildOptions, settings, encoder) -> tuple[Path, Manifest]:
     ctx = BuildContext(opts, settings, encoder)
     if opts.reuse_from is not None:
-        ctx.base = IndexVersion.load(opts.reuse_from)
+        ctx.base = IndexVersion.load(opts.reuse_from, lexical=False)  # the fold reads the lexical files itself
     for step in _STEPS:
         step(ctx)
     if ctx.base is not None:

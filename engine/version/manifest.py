@@ -186,6 +186,7 @@ class LexicalSection(_Section):
     fields: list[str] = Field(default_factory=list)
     text_file: str = "doc_text.json"
     fields_file: str = "doc_fields.json"
+    counts_file: str | None = None  # bm25_counts.npz (a fold reuses it); None in versions built before it
 
 
 class CarsSection(_Section):
