@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ def command(module: str, argv: Sequence[str] | None = None, env: str = "") -> st
         env: environment assignments to show first (e.g. ``"OMP_NUM_THREADS=1"``).
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(x for x in (env, f"python -m bench.{module}", *args) if x)
+    return " ".join(x for x in (env, f"python -m bench.{module}", shlex.join(args)) if x)
 
 
 def machine() -> str:
