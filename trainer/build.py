@@ -30,8 +30,9 @@ embeddings seed it), rotated (unchanged documents keep the base's stored rows) a
 term counts are reused; the BM25 index is then rebuilt from the counts in a few vectorised passes, equal to a
 from-scratch build).  The level store and stage 1 are rebuilt from the rows; the served evaluation runs
 exhaustive full width and the default request only; the capacity report is carried from the base (marked
-``meta.carried_from``, plots copied) with its online-CUS baseline measured again.  A drift check then compares the new version's label-free online-CUS agreement
-(:func:`online_cus_agreement` on the evaluation queries) with the base version's; beyond
+``meta.carried_from``, plots copied) with its online-CUS baseline measured again.  A drift check then
+compares the new version's label-free online-CUS agreement (:func:`online_cus_agreement` on the evaluation
+queries) with the base version's; beyond
 ``drift_threshold`` the build starts again without reuse (refits) and the manifest's ``writes.fitting`` says
 ``refitted``.
 
@@ -287,7 +288,6 @@ class BuildContext:
     ann: dict | None = None                # the ANN first stage: index, params, curve, section fields
     evaluation: dict | None = None
     capacity: dict | None = None
-    capacity_carried_from: Path | None = None  # a fold: the base version whose capacity report (and plots) it carries
     base: IndexVersion | None = None       # reuse_from, loaded (its fitted parts are reused)
     drift: dict | None = None              # the drift check of a reuse build
 
@@ -666,9 +666,11 @@ def served_version(ctx: BuildContext) -> IndexVersion:
     recall = None
     if ctx.recall is not None:
         r, sec = ctx.recall, ctx.recall["section"]
-        recall = r.get("loaded") or RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
-                              sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
-                              margin_share=sec["margin_share"])
+        recall = r.get("loaded")  # a fold: the base's policy as loaded
+        if recall is None:
+            recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
+                                  sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
+                                  margin_share=sec["margin_share"])
     a = None
     if ctx.ann is not None:
         a = AnnStage1(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"], ctx.ann["section"]["margin_share"],
@@ -756,37 +758,50 @@ def _evaluation_and_capacity(ctx: BuildContext) -> None:
             else:
                 ctx.evaluation.pop("_unseen")
         version = served_version(ctx)
-        served, rows, default_rows = None, {}, None
+        served, rows = None, {}
         if ctx.base is not None:  # a fold: exhaustive full width and the default request (what the CUS follows)
             served = {"full"} | ({"recall 0.99"} if version.recall_policy is not None else {"router"})
         ctx.evaluation["served"] = served_evaluation(version, ctx.test, texts, subsets, policies=served, rows=rows)
-        plain = PlanDefaults()
-        if ("recall 0.99" in rows and plain.default_policy == "recall" and "recall" in capabilities(version).policies
-                and plain.default_recall_target == SERVED_POLICIES["recall 0.99"]["recall_target"]):
-            default_rows = rows["recall 0.99"]  # the plain request {"query", "k"} resolves to this one
         if ctx.policy is not None:
             ctx.evaluation["stage1_policy"] = _evaluate_policy(opts, ctx.policy, ctx.X_rot, ctx.R, ctx.doc_ids,
                                                                ctx.test, ctx.train_qrels)
-    if opts.capacity and ctx.base is not None and (opts.reuse_from / "capacity.json").is_file():
-        # a fold reuses the base's rotation: the capacity report describes that rotation on the evaluation
-        # queries (spectrum, cliff, scaling in N), which a fold of a few per cent of the corpus does not move,
-        # so it is carried from the base (marked so), and only the online-CUS baseline, which the gateway's
-        # label-free CUS and the drift check compare against, is measured again on the folded corpus; a refit
-        # (the drift check, or a full build) computes the whole report again
+    if opts.capacity and ctx.base is not None and (ctx.base.path / "capacity.json").is_file():
         with ctx.timer("capacity report (carried, online-CUS baseline measured)"):
-            report = json.loads((opts.reuse_from / "capacity.json").read_text(encoding="utf-8"))
-            report.setdefault("meta", {})["carried_from"] = {
-                "version": ctx.base.version, "documents": int(ctx.base.size),
-                "note": "a fold carries its base's capacity report; a refit or full build computes it again"}
-            report.pop("online_cus_baseline", None)
-            baseline = online_cus_agreement(version, ctx.test, texts, served_rows=default_rows)
-            if baseline is not None:
-                report["online_cus_baseline"] = baseline
-            ctx.capacity, ctx.capacity_carried_from = report, opts.reuse_from
+            ctx.capacity = _carried_capacity(ctx.base, version, ctx.test, texts, _plain_request_rows(version, rows))
     elif opts.capacity:
         with ctx.timer("capacity report"):
             ctx.capacity = capacity_for_version(opts, ctx.test, ctx.X_rot, ctx.R, ctx.doc_ids, version, texts,
                                                 ctx.name)
+
+
+def _plain_request_rows(version: IndexVersion, rows: dict) -> list | None:
+    """The result rows of the plain request ``{"query", "k": 10}`` among the served evaluation's ``rows``
+    (policy -> Q row arrays), when one of its policies is what that request resolves to; else None."""
+    plain = PlanDefaults()
+    if ("recall 0.99" in rows and plain.default_policy == "recall" and "recall" in capabilities(version).policies
+            and plain.default_recall_target == SERVED_POLICIES["recall 0.99"]["recall_target"]):
+        return rows["recall 0.99"]
+    return None
+
+
+def _carried_capacity(base: IndexVersion, version: IndexVersion, test: QuerySet, texts: list[str],
+                      served_rows: list | None) -> dict:
+    """A fold's capacity report: the base version's, marked ``meta.carried_from``, with the online-CUS
+    baseline measured again on ``version`` (the folded corpus).
+
+    A fold reuses the base's rotation, and the report describes that rotation on the evaluation queries
+    (spectrum, cliff, scaling in N), which folding a few per cent of the corpus does not move; the baseline is
+    what the gateway's label-free CUS and the drift check compare against, so it follows the corpus.  A refit
+    (the drift check, or a full build) computes the whole report again."""
+    report = json.loads((base.path / "capacity.json").read_text(encoding="utf-8"))
+    report.setdefault("meta", {})["carried_from"] = {
+        "version": base.version, "documents": int(base.size),
+        "note": "a fold carries its base's capacity report; a refit or full build computes it again"}
+    report.pop("online_cus_baseline", None)
+    baseline = online_cus_agreement(version, test, texts, served_rows=served_rows)
+    if baseline is not None:
+        report["online_cus_baseline"] = baseline
+    return report
 
 
 def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
@@ -859,9 +874,9 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
     if ctx.capacity is not None:
         cap_writers = capacity_file_writers(ctx.capacity, f"{ctx.name} ({opts.rotation} rotation, "
                                                           f"{ctx.eval_split} split)")
-        if ctx.capacity_carried_from is not None:  # the carried report's plots are the base's: copied, not drawn
-            for name in [n for n in cap_writers if n.endswith(".png")]:
-                src = ctx.capacity_carried_from / name
+        if ctx.base is not None and "carried_from" in (ctx.capacity.get("meta") or {}):
+            for name in [n for n in cap_writers if n.endswith(".png")]:  # the base's plots: copied, not drawn
+                src = ctx.base.path / name
                 if src.is_file():
                     cap_writers[name] = (lambda src: (lambda p: shutil.copyfile(src, p)))(src)
         writers.update(cap_writers)

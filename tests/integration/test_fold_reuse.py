@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import bm25s
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
@@ -86,8 +87,6 @@ def test_the_folded_bm25_index_equals_one_built_from_scratch(folded, tmp_path):
     writers, section = lexical_files(texts, fields)
     for name, write in writers.items():
         write(tmp_path / name)
-    import bm25s
-
     got = bm25s.BM25.load(new, load_corpus=False, show_progress=False, **BM25_FILES)
     want = bm25s.BM25.load(tmp_path, load_corpus=False, show_progress=False, **BM25_FILES)
     assert got.scores["num_docs"] == want.scores["num_docs"] == m.corpus.documents
