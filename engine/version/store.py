@@ -77,9 +77,12 @@ Writers = Mapping[str, Callable[[Path], None]]
 
 
 def new_version_id(fingerprint: str, now: _dt.datetime | None = None) -> str:
-    """A sortable version id: ``YYYYmmddTHHMMSSZ-<first 8 hex of fingerprint>`` (UTC; ``now`` default: the clock)."""
+    """A sortable version id: ``YYYYmmddTHHMMSSffffffZ-<first 8 hex of fingerprint>`` (UTC, microseconds;
+    ``now`` default: the clock).  Names sort by creation time, which retention's "newest" rule reads: a fold
+    takes under a second, so two versions made in the same second must still sort in order (ids of the
+    earlier second-resolution form, ``YYYYmmddTHHMMSSZ-...``, stay valid and sort by their second)."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
-    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{fingerprint[:8]}"
+    return f"{now.strftime('%Y%m%dT%H%M%S%fZ')}-{fingerprint[:8]}"
 
 
 def utc_timestamp(now: _dt.datetime | None = None) -> str:
