@@ -100,6 +100,10 @@ DEFINE_ROW_DOT_GENERIC(row_dot16_generic, uint16_t, half_to_float)
             for (int64_t i = 0; i < n; i++) out[i] = ROW_DOT(X + (start + i) * w, q, w);                         \
             return;                                                                                              \
         }                                                                                                        \
+        for (int64_t i = 0; i < n && i < PREFETCH_ROWS; i++) { /* the first rows too, not only those ahead */  \
+            const char *p = (const char *)(X + (int64_t)rows[i] * w);                                            \
+            for (int64_t b = 0; b < w * (int64_t)sizeof(T); b += 64) __builtin_prefetch(p + b);                  \
+        }                                                                                                        \
         for (int64_t i = 0; i < n; i++) {                                                                        \
             if (i + PREFETCH_ROWS < n) {                                                                         \
                 const char *p = (const char *)(X + (int64_t)rows[i + PREFETCH_ROWS] * w);                        \
@@ -344,6 +348,70 @@ DEFINE_MULTI16(multi16_avx2, AVX2, __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps
                HSUM_AVX2)
 DEFINE_MULTI16(multi16_avx512, AVX512, __m512, 16, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
                LOAD_F16_AVX512, HSUM_AVX512)
+
+/* ---- dense float16 scans, eight rows at a time (AVX2) ----
+ * The dense first pass over the float16 leading levels is most of a declared-recall query's time at large N
+ * (it reads every document; the data-aware bounds drop almost all of them right after it).  One row at a time,
+ * each row pays a horizontal reduction (seven instructions for 32 multiply-adds); here eight rows keep one
+ * accumulator each and share one transposing reduction.  Only partial scores over float16 levels are computed
+ * this way: they prune and rank seeds and are never a returned score (the float16 levels are always rescored
+ * from float32), so their summation order may differ from the row kernel's.  Every bound's float32 rounding
+ * slack (gamma_D ||q|| ||d||) holds for any summation order. */
+AVX2 static inline __m256 reduce8_avx2(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6,
+                                       __m256 v7) {
+    const __m256 t0 = _mm256_hadd_ps(v0, v1), t1 = _mm256_hadd_ps(v2, v3);
+    const __m256 t2 = _mm256_hadd_ps(v4, v5), t3 = _mm256_hadd_ps(v6, v7);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* rows 0-3 | rows 4-7, two halves */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* out[i] for dense rows start..start+n-1 over the levels of m (every width a multiple of 8), eight rows at a
+ * time; returns how many rows it wrote (n rounded down to a multiple of 8). */
+AVX2 static int64_t dense16x8_avx2(const Multi16 *m, int64_t start, int64_t n, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int l = 0; l < m->nl; l++) {
+            const int64_t w = m->w[l];
+            const uint16_t *x = m->X[l] + (start + i) * w;
+            const float *q = m->q[l];
+            for (int64_t j = 0; j < w; j += 8) {
+                const __m256 qj = _mm256_loadu_ps(q + j);
+#define ROW8(a, r) a = _mm256_fmadd_ps(LOAD_F16_AVX2(x + (r) * w, j), qj, a)
+                ROW8(a0, 0); ROW8(a1, 1); ROW8(a2, 2); ROW8(a3, 3);
+                ROW8(a4, 4); ROW8(a5, 5); ROW8(a6, 6); ROW8(a7, 7);
+#undef ROW8
+            }
+        }
+        _mm256_storeu_ps(out + i, reduce8_avx2(a0, a1, a2, a3, a4, a5, a6, a7));
+    }
+    return i;
+}
+
+static int widths_of_8(const Multi16 *m) {
+    for (int l = 0; l < m->nl; l++)
+        if (m->w[l] % 8) return 0;
+    return 1;
+}
+
+AVX2 static void dot16_avx2_x8(const void *X, int64_t w, const int32_t *rows, int64_t start, int64_t n,
+                               const float *q, float *out) {
+    int64_t done = 0;
+    if (!rows && w % 8 == 0) {
+        Multi16 m;
+        m.nl = 1;
+        m.X[0] = (const uint16_t *)X;
+        m.w[0] = w;
+        m.q[0] = q;
+        done = dense16x8_avx2(&m, start, n, out);
+    }
+    if (done < n) dot16_avx2(X, w, rows, start + (rows ? 0 : done), n - done, q, out + done);
+}
+
+AVX2 static void multi16_avx2_x8(const Multi16 *m, const int32_t *rows, int64_t start, int64_t n, float *out) {
+    const int64_t done = !rows && widths_of_8(m) ? dense16x8_avx2(m, start, n, out) : 0;
+    if (done < n) multi16_avx2(m, rows, start + (rows ? 0 : done), n - done, out + done);
+}
 #endif
 
 /* ---- count_at_least: out[j] = #{i : v[i] >= t_j} for a few thresholds, in one pass over v ----
@@ -400,6 +468,7 @@ static void select_isa(const char *want) {
         USE_ISA(avx512);
     } else if (has2) {
         USE_ISA(avx2);
+        DOT16 = dot16_avx2_x8, MULTI16 = multi16_avx2_x8; /* dense float16 scans eight rows at a time */
     }
 #else
     (void)want;
@@ -598,6 +667,20 @@ static void first_partials(const Ctx *c, int n_first, const int32_t *rows, int64
     }
 }
 
+/* The largest of v[0..n) (-inf when n = 0; NaN entries are skipped).  Eight independent running maxima, so the
+   compiler vectorises it without reordering any one of them (a single running maximum is a serial chain of
+   compare-and-select, about as slow per row as the float16 dot itself). */
+static inline float chunk_max(const float *v, int64_t n) {
+    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int t = 0; t < 8; t++) m[t] = v[i + t] > m[t] ? v[i + t] : m[t];
+    for (; i < n; i++) m[0] = v[i] > m[0] ? v[i] : m[0];
+    float r = m[0];
+    for (int t = 1; t < 8; t++) r = m[t] > r ? m[t] : r;
+    return r;
+}
+
 static void *first_worker(void *arg) {
     First *f = (First *)arg;
     const Ctx *c = f->c;
@@ -629,9 +712,7 @@ static void *first_worker(void *arg) {
                     const int64_t i1 = i0 + 64 < n ? i0 + 64 : n;
                     if (f->heap.n >= f->heap.cap) {
                         if (f->heap.cap == 0) break;
-                        float mx = dst[i0];
-                        for (int64_t i = i0 + 1; i < i1; i++) mx = dst[i] > mx ? dst[i] : mx;
-                        if (!(mx > f->heap.e[0].s)) continue;
+                        if (!(chunk_max(dst + i0, i1 - i0) > f->heap.e[0].s)) continue;
                     }
                     for (int64_t i = i0; i < i1; i++) {
                         Ent e = {dst[i], (int32_t)(row + i)};
@@ -747,6 +828,10 @@ static void *rest_worker(void *arg) {
                 const int64_t w = level_w(c, l);
                 r->alive[l] += n;
                 r->coords += n * w;
+                if (l < L - 1) { /* the survivors' next tail norms: scattered, one cache miss each otherwise */
+                    const float *tn = c->tails + (int64_t)(l + 1) * c->N;
+                    for (int64_t i = 0; i < n; i++) __builtin_prefetch(tn + rows[i]);
+                }
                 level_dots(c, l, 1, rows, 0, n, d);
                 if (l >= c->L16) {
                     for (int64_t i = 0; i < n; i++) {

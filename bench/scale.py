@@ -329,9 +329,14 @@ def _index_bytes(index, faiss) -> int:
     return int(faiss.serialize_index(index).nbytes)
 
 
+ANN_BASELINES = ("faiss_hnsw_m16", "faiss_hnsw_m32", "faiss_ivf", "faiss_hnsw_panorama", "faiss_ivf_panorama")
+
+
 def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict, doc_ids, faiss,
-                ours_kind: str = "hnsw") -> list[Method]:
-    """The ANN methods of issue 19 (module docstring); efforts tuned on the training queries."""
+                ours_kind: str = "hnsw", baselines: tuple[str, ...] = ANN_BASELINES) -> list[Method]:
+    """The ANN methods of issue 19 (module docstring); efforts tuned on the training queries.  ``baselines``: the
+    faiss ANN families to build (all by default; at 1M on this 24 GiB, 2-core machine a run may keep to a few,
+    and says so in its command)."""
     N, D = X_rot.shape
 
     def set_omp(t):
@@ -341,6 +346,7 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     plain = [("faiss_hnsw_m16", "hnsw", 16, ANN_TARGETS), ("faiss_hnsw_m32", "hnsw", 32, ANN_TARGETS),
              ("faiss_ivf", "ivf", 32, ANN_TARGETS), ("faiss_hnsw_panorama", "hnsw_panorama", 32, (0.99,)),
              ("faiss_ivf_panorama", "ivf_panorama", 32, (0.99,))]
+    plain = [p for p in plain if p[0] in baselines]
     built = {}
     for name, kind, M, targets in plain:
         index, params, build_s = _faiss_ann(kind, X_rot, M)
@@ -459,21 +465,26 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
 
 
 def measure(methods: list[Method], n_test: int, threads: int, saturation_s: float) -> dict:
-    """Per method: rows of every test query, latencies (s), multiply-adds; then saturation QPS."""
+    """Per method, keyed by ``(family, name)`` (``--methods all`` has an ``ours_recall_0.99`` in both families):
+    rows of every test query, latencies (s), multiply-adds; then saturation QPS."""
+    keys = [(m.family, m.name) for m in methods]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"two methods share a family and name: {keys}")
     for m in methods:
         m.set_threads(threads)
         m.run(0, "test")  # warm
-    got = {m.name: {"rows": [None] * n_test, "lat": np.zeros(n_test), "work": np.zeros(n_test)} for m in methods}
+    got = {key: {"rows": [None] * n_test, "lat": np.zeros(n_test), "work": np.zeros(n_test)} for key in keys}
     for i in range(n_test):
         for j in range(len(methods)):  # rotate the order query by query
             m = methods[(i + j) % len(methods)]
+            g = got[m.family, m.name]
             t = time.perf_counter()
             rows, work = m.run(i, "test")
-            got[m.name]["lat"][i] = time.perf_counter() - t
-            got[m.name]["rows"][i], got[m.name]["work"][i] = np.asarray(rows), work
+            g["lat"][i] = time.perf_counter() - t
+            g["rows"][i], g["work"][i] = np.asarray(rows), work
     for m in methods:
         m.set_threads(1)
-        got[m.name]["qps"] = saturation(m, n_test, threads, saturation_s)
+        got[m.family, m.name]["qps"] = saturation(m, n_test, threads, saturation_s)
     return got
 
 
@@ -515,14 +526,15 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
         ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
         methods += ours
     if args.methods in ("ann", "all"):
-        methods += [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann)
+        methods += [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann,
+                                           tuple(args.ann_baselines))
                     if not (args.methods == "all" and m.name == "faiss_flat")]
     print(f"[{name}] methods built: " + ", ".join(f"{m.name} {m.build_s:.1f}s" for m in methods), flush=True)
     rows = []
     for threads in args.threads:
         got = measure(methods, len(Q["test"]), threads, args.saturation_s)
         for m in methods:
-            g = got[m.name]
+            g = got[m.family, m.name]
             ids = [[data["doc_ids"][r] for r in rr] for rr in g["rows"]]
             row = {"corpus": name, "n_docs": N, "method": m.name, "threads": threads,
                    "recall_at_10": round(recall_of(g["rows"], truth["test"]), 4),
@@ -574,12 +586,18 @@ def markdown(out: dict) -> str:
                       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in rr:
                 f = lambda v: "—" if v is None else f"{v}"  # noqa: E731
-                lines.append(f"| {r['method']} | {r['recall_at_10']:.4f} | {f(r['ndcg_at_10'])} | "
+                name = r["method"] + (" (ANN stage 1)" if r.get("family") == "ann" and r["method"].startswith("ours")
+                                      else "") + (" †" if r.get("earlier_run") else "")
+                lines.append(f"| {name} | {r['recall_at_10']:.4f} | {f(r['ndcg_at_10'])} | "
                              f"{f(r['ndcg_at_10_unseen'])} | {r['p50_ms']:.3f} | {r['p95_ms']:.3f} | "
                              f"{r['p99_ms']:.3f} | {r['p50_ms'] / flat['p50_ms']:.3f} | "
                              f"{r['p50_ms'] / fun['p50_ms']:.3f} | {r['qps']:.0f} | {r['coordinate_share']:.4f} | "
                              f"{r['memory_mib']:.0f} | {r['build_s']:.1f} |")
             lines.append("")
+        earlier = sorted({r["earlier_run"] for r in rows if r.get("earlier_run")})
+        for cmd in earlier:
+            lines += [f"† From an earlier run, `{cmd}`, kept because the later runs did not measure these methods; "
+                      "its ratios are to this table's faiss_flat and funnel.", ""]
         fun = next((r for r in rows if r["method"] == "static_funnel"), None)
         if fun is not None:
             fp = fun["params"]
@@ -607,6 +625,8 @@ def main(argv=None) -> int:
                          "rows it measures in summary.json)")
     ap.add_argument("--ours-ann", default="hnsw", choices=list(ann.ANN_KINDS),
                     help="the ANN kind of ours_fixed / ours_recall (M = 32)")
+    ap.add_argument("--ann-baselines", nargs="+", default=list(ANN_BASELINES), choices=list(ANN_BASELINES),
+                    help="the faiss ANN families to build and tune (default: all)")
     args = ap.parse_args(argv)
     import faiss
 
@@ -637,11 +657,16 @@ def main(argv=None) -> int:
         else:
             data = load_synthetic(scifact, args.synthetic_n, args.train_queries, args.test_queries)
         out["corpora"][name] = data["note"]
+        earlier_command = out["runs"].get(name, {}).get("command")
         out["runs"][name] = {"command": out["command"], "machine": out["machine"]}
         new_rows = run_corpus(name, data, args, faiss)
         del data
         args.out.mkdir(parents=True, exist_ok=True)
         previous = merge_rows(previous, new_rows)
+        fresh = {id(r) for r in new_rows}
+        for r in previous:  # rows of this corpus this run did not measure again: say which run made them
+            if r["corpus"] == name and id(r) not in fresh and not r.get("earlier_run"):
+                r["earlier_run"] = earlier_command or "an earlier run"
         (args.out / "summary.json").write_text(json.dumps(previous, indent=1))
         if args.methods in ("ann", "all"):
             ann_plot(previous, name, args.out / f"ann_{name}.png")

@@ -92,7 +92,9 @@ def real(rng):
 
 
 GRID_LAYOUTS = [LevelLayout.uniform(48, 8), LevelLayout.from_bounds((0, 5, 16, 17, 30, 48), 2),
-                LevelLayout.default(48), LevelLayout((48,))]
+                LevelLayout.default(48), LevelLayout((48,)),
+                # float16 levels whose widths are multiples of 8: the dense scans' eight-rows-at-a-time kernel
+                LevelLayout.from_bounds((0, 8, 24, 32, 48), 3)]
 
 
 def same_result(a, b) -> bool:
@@ -413,7 +415,7 @@ def test_from_arrays_refuses_incomplete_or_wrong_arrays(real):
 
 def test_layout_validation():
     assert LevelLayout.default(384).bounds == (0, 32, 64, 96, 128, 192, 256, 384)
-    assert LevelLayout.default(384).fp16_width == 128
+    assert LevelLayout.default(384).fp16_width == 96
     assert LevelLayout.default(384).exact_first_levels == 2
     assert LevelLayout.uniform(384, 16).exact_first_levels == 4
     assert LevelLayout.uniform(384, 16, fp16_levels=2).exact_first_levels == 2
