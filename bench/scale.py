@@ -329,7 +329,11 @@ def _index_bytes(index, faiss) -> int:
     return int(faiss.serialize_index(index).nbytes)
 
 
-ANN_BASELINES = ("faiss_hnsw_m16", "faiss_hnsw_m32", "faiss_ivf", "faiss_hnsw_panorama", "faiss_ivf_panorama")
+ANN_PLAIN = (("faiss_hnsw_m16", "hnsw", 16, ANN_TARGETS), ("faiss_hnsw_m32", "hnsw", 32, ANN_TARGETS),
+             ("faiss_ivf", "ivf", 32, ANN_TARGETS), ("faiss_hnsw_panorama", "hnsw_panorama", 32, (0.99,)),
+             ("faiss_ivf_panorama", "ivf_panorama", 32, (0.99,)))
+"""The faiss ANN baselines: (method prefix, kind, M, recall targets tuned to)."""
+ANN_BASELINES = tuple(p[0] for p in ANN_PLAIN)
 
 
 def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict, doc_ids, faiss,
@@ -343,10 +347,7 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
         faiss.omp_set_num_threads(t)
 
     out = [flat_method(X_rot, Q, faiss, set_omp)]
-    plain = [("faiss_hnsw_m16", "hnsw", 16, ANN_TARGETS), ("faiss_hnsw_m32", "hnsw", 32, ANN_TARGETS),
-             ("faiss_ivf", "ivf", 32, ANN_TARGETS), ("faiss_hnsw_panorama", "hnsw_panorama", 32, (0.99,)),
-             ("faiss_ivf_panorama", "ivf_panorama", 32, (0.99,))]
-    plain = [p for p in plain if p[0] in baselines]
+    plain = [p for p in ANN_PLAIN if p[0] in baselines]
     built = {}
     for name, kind, M, targets in plain:
         index, params, build_s = _faiss_ann(kind, X_rot, M)
