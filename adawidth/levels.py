@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class LevelLayout:
         """Total coordinates."""
         return int(sum(self.widths))
 
-    @property
+    @cached_property  # read on every query (frozen: computed once)
     def bounds(self) -> tuple[int, ...]:
         """Level boundaries ``(0, b_1, ..., b_L = D)``; level l covers coordinates ``[b_l, b_{l+1})``."""
         return tuple(int(b) for b in np.concatenate([[0], np.cumsum(self.widths)]))
@@ -410,27 +411,44 @@ class LevelEvidence:
     survivors_at_z: np.ndarray
     scanned: int
 
+    def feature_names(self, k: int = 10) -> tuple[str, ...]:
+        """The names of :meth:`feature_array`'s values, in order (the same for every query of a store and grid)."""
+        key = (len(self.query_tail_sqnorm), len(self.spread), tuple(self.z_grid[:len(self.survivors_at_z)].tolist()))
+        names = _FEATURE_NAMES.get(key)
+        if names is None:
+            names = (*_SCALAR_FEATURES, *(f"query_tail_sqnorm_{l}" for l in range(key[0])),
+                     *(f"spread_{l}" for l in range(key[1])), *(f"survivors_share_z{z:g}" for z in key[2]))
+            _FEATURE_NAMES[key] = names
+        return names
+
+    def feature_array(self, k: int = 10) -> np.ndarray:
+        """(F,) float64 feature values in the order of :meth:`feature_names` (missing values are NaN); the serving
+        path's form of :meth:`features` (no dict, no strings)."""
+        pt, se = self.partial_top, self.seed_exact
+        n, nan = len(pt), float("nan")
+        p1 = float(pt[0]) if n else nan
+        pk = float(pt[k - 1]) if 0 <= k - 1 < n else nan
+        pl = float(pt[n - 1]) if n else nan
+        L1, L2 = len(self.query_tail_sqnorm), len(self.spread)
+        out = np.empty(len(_SCALAR_FEATURES) + L1 + L2 + len(self.survivors_at_z), dtype=np.float64)
+        out[:len(_SCALAR_FEATURES)] = (
+            self.threshold if np.isfinite(self.threshold) else nan, p1, pk, pl, p1 - pk, pk - pl,
+            float(se.max()) if len(se) else nan, float(np.mean(se - pt)) if len(se) else nan,
+            float(np.log10(max(self.scanned, 1))))
+        o = len(_SCALAR_FEATURES)
+        out[o:o + L1] = self.query_tail_sqnorm
+        out[o + L1:o + L1 + L2] = self.spread
+        out[o + L1 + L2:] = self.survivors_at_z / max(self.scanned, 1)
+        return out
+
     def features(self, k: int = 10) -> dict[str, float]:
         """A flat dict of named float features (stable names; missing values are NaN)."""
-        pt, se = self.partial_top, self.seed_exact
-        nan = float("nan")
+        return dict(zip(self.feature_names(k), self.feature_array(k).tolist()))
 
-        def at(a, i):  # NaN for a position the seeds do not reach (none at all when nothing was allowed)
-            return float(a[i]) if 0 <= i < len(a) else nan
 
-        f = {"threshold": self.threshold if np.isfinite(self.threshold) else nan,
-             "partial_1": at(pt, 0), "partial_k": at(pt, k - 1), "partial_last": at(pt, len(pt) - 1),
-             "partial_gap_1_k": at(pt, 0) - at(pt, k - 1), "partial_gap_k_last": at(pt, k - 1) - at(pt, len(pt) - 1),
-             "exact_1": float(se.max()) if len(se) else nan,
-             "exact_minus_partial_mean": float(np.mean(se - pt)) if len(se) else nan,
-             "scanned_log10": float(np.log10(max(self.scanned, 1)))}
-        for l, v in enumerate(self.query_tail_sqnorm):
-            f[f"query_tail_sqnorm_{l}"] = float(v)
-        for l, v in enumerate(self.spread):
-            f[f"spread_{l}"] = float(v)
-        for z, c in zip(self.z_grid, self.survivors_at_z):
-            f[f"survivors_share_z{z:g}"] = float(c) / max(self.scanned, 1)
-        return f
+_SCALAR_FEATURES = ("threshold", "partial_1", "partial_k", "partial_last", "partial_gap_1_k", "partial_gap_k_last",
+                    "exact_1", "exact_minus_partial_mean", "scanned_log10")
+_FEATURE_NAMES: dict[tuple, tuple[str, ...]] = {}  # feature names by (boundaries, boundaries, z grid)
 
 
 @dataclass(frozen=True, eq=False)

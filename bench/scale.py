@@ -42,6 +42,14 @@ recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.
   EFFORT_FEATURES`) predicting each effort's recall, the cheapest effort clearing a bar calibrated out of fold
   on the training queries for t plus 0.25 of the miss budget (:func:`trainer.recall_fit.effort_table`).
 
+With ``--methods all`` the ANN family's ``ours_*`` rows are what ``trainer build --ann auto`` keeps (whatever N:
+the run lowers ``ann_min_docs`` in effect): the ANN version above and the level scan of ``ours_recall_<t>`` are
+timed at recall 0.99 on 200 training queries (:func:`trainer.build.time_backends`), and when the level scan is
+faster the family's ``ours_fixed_r<t>`` is the level scan at one confidence z for every query (the smallest z
+of the grid whose mean training recall meets t plus the policy's margin; :class:`FixedConfidence`) and
+``ours_recall_<t>`` the level scan with the per-query confidence.  Each row's ``params`` records the pick
+(``picked``, ``pick``, ``pick_timings``).
+
 ANN rows carry ``"family": "ann"``; a run with ``--methods ann`` replaces in ``summary.json`` only the rows of
 the same corpus, N, method, threads and family, and keeps every other row.  A recall-versus-p50 plot per
 corpus goes to ``ann_<corpus>.png``.
@@ -67,7 +75,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from adawidth import levels  # noqa: E402
+from adawidth import levels, recall_policy  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
 from adawidth.rotation import pca_rotation  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
@@ -77,6 +85,7 @@ from engine.pipeline import Pipeline  # noqa: E402
 from engine.plan import SearchSpec  # noqa: E402
 from engine.recall import RecallPolicy  # noqa: E402
 from engine.stage1 import AnnStage1  # noqa: E402
+from trainer.build import time_backends  # noqa: E402
 from trainer.recall_fit import calibration_report, effort_table, fit_recall_policy, recall_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,13 +130,16 @@ def load_scifact(home: Path, dataset: Path) -> dict:
 
 
 def load_debdocs(home: Path, folder: Path, minimum: int, n_train: int, n_test: int) -> dict:
-    """The largest cached prefix of debdocs' seeded permutation (the background encoding order), and queries."""
-    from engine.io.beir import load_corpus, load_qrels, load_queries
+    """The largest cached prefix of debdocs' seeded permutation (the background encoding order), and queries;
+    the cache is first seeded from the chunks shipped under ``bench/data/debdocs`` (``bench.encode_debdocs``)."""
+    from bench.encode_debdocs import permutation, query_ids, seed_from_shipped
+    from engine.io.beir import load_corpus, load_queries
     from trainer.embed_cache import content_key, encode_with_cache
 
     enc, cache = _encoder_and_cache(home)
+    shipped = seed_from_shipped(folder, enc, cache)
     docs = load_corpus(folder)
-    order = np.random.default_rng(0).permutation(len(docs))
+    order = permutation(len(docs))
     fp = f"{enc.info.onnx_sha256}|{enc.info.tokenizer_sha256}|{enc.max_tokens}"
     keys = [content_key(docs[i].encoder_text(), fp) for i in order]
     have = set()
@@ -138,22 +150,20 @@ def load_debdocs(home: Path, folder: Path, minimum: int, n_train: int, n_test: i
         n += 1
     if n < minimum:
         raise SystemExit(f"debdocs: only {n} passages of the seeded permutation are cached (need {minimum}); "
-                         f"encode more (var/jobs/encode_debdocs.py) or lower --debdocs-min")
+                         f"encode more (python -m bench.encode_debdocs --limit {minimum}) or lower --debdocs-min")
     sub = [docs[i] for i in order[:n]]
     X, encoded = encode_with_cache(enc, [d.encoder_text() for d in sub], cache, desc="debdocs subset")
     assert encoded == 0
     queries = load_queries(folder)
-    rng = np.random.default_rng(1)
-    tr = sorted(q for q in load_qrels(folder, "train") if q in queries)
-    te = sorted(q for q in load_qrels(folder, "test") if q in queries)
-    tr = sorted(rng.choice(tr, min(n_train, len(tr)), replace=False).tolist())
-    te = sorted(rng.choice(te, min(n_test, len(te)), replace=False).tolist())
+    tr, te = query_ids(folder, n_train, n_test)
     QT, _ = encode_with_cache(enc, [queries[q] for q in tr], cache, desc="debdocs train queries")
     QE, _ = encode_with_cache(enc, [queries[q] for q in te], cache, desc="debdocs test queries")
     cache.close()
     return {"X": X, "Q_train": QT, "Q_test": QE, "doc_ids": [d.doc_id for d in sub], "qrels": None, "unseen": None,
             "note": f"seeded subset: the first {n:,} of {len(docs):,} passages of permutation seed 0 "
-                    f"(numpy default_rng(0)); {len(tr)} training and {len(te)} test queries (seed 1)"}
+                    f"(numpy default_rng(0)); {len(tr)} training and {len(te)} test queries (seed 1)"
+                    + (f"; the first {shipped:,} passages' vectors float16-rounded (shipped, bench/data/debdocs)"
+                       if shipped else "")}
 
 
 def load_synthetic(scifact: dict, n: int, n_train: int, n_test: int) -> dict:
@@ -314,7 +324,52 @@ def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarr
         out.append(Method(f"ours_recall_{tgt:g}", make(SearchSpec("q", k=K, recall_target=tgt)), store.nbytes,
                           store_build + fit_s, {"bound": "data_aware_doc", "calibration": report[str(tgt)],
                                                 "calibration_queries": len(Q_rot_train)}, set_threads))
-    return out, report
+    ctx = {"version": version, "policy": policy, "table": table, "store": store, "build_s": store_build,
+           "fit_s": fit_s, "pipe": pipe}
+    return out, report, ctx
+
+
+class FixedConfidence:
+    """Policy ``recall`` at one confidence per target for every query: our *fixed effort* on the level scan
+    (issue 19's comparison), the smallest z of the grid whose mean realised recall@10 on the training queries
+    meets the target plus the per-query policy's safety margin (the same bar, no per-query model)."""
+
+    def __init__(self, policy: RecallPolicy, table):
+        self.policy, self.mean = policy, np.asarray(table.recall, np.float64).mean(axis=0)
+
+    def z_for(self, target: float) -> float | None:
+        goal = min(target + recall_policy.safety_margin(target, self.policy.margin_share), 1.0)
+        j = next((j for j, r in enumerate(self.mean) if r >= goal), None)
+        return None if j is None else float(self.policy.z_grid[j])
+
+    def choose(self, evidence, target: float):
+        z = self.z_for(target) if target < 1.0 else None
+        return ("exact", None) if z is None else (self.policy.bound, z)
+
+
+def level_ann_family(levels_ctx: dict, X_rot: np.ndarray, R: np.ndarray, E: dict, doc_ids) -> list[Method]:
+    """Issue 19's ``ours_*`` rows served by the level scan (what ``--ann auto`` keeps when it times faster than
+    the ANN): ``ours_recall_<t>`` (the per-query confidence) and ``ours_fixed_r<t>`` (:class:`FixedConfidence`)."""
+    store, policy, pipe = levels_ctx["store"], levels_ctx["policy"], levels_ctx["pipe"]
+    fixed = FixedConfidence(policy, levels_ctx["table"])
+    out = []
+    for prefix, pol in (("ours_fixed_r", fixed), ("ours_recall_", policy)):
+        version = IndexVersion.in_memory(X_rot, R, doc_ids, levels=store, recall_policy=pol)
+        for tgt in ANN_TARGETS:
+            spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
+
+            def run(i, which, spec=spec, version=version):
+                res = pipe.search(version, [spec], embeddings=E[which][i:i + 1])[0]
+                return res.rows, res.trace["coordinates_scored"]
+
+            def set_threads(tn, version=version):
+                version.level_threads = tn
+
+            extra = {"z": fixed.z_for(tgt)} if pol is fixed else {"bar": policy.bar(tgt)}
+            out.append(Method(f"{prefix}{tgt:g}", run, store.nbytes, levels_ctx["build_s"] + levels_ctx["fit_s"],
+                              {"backend": "flat (level scan)", "per_query_effort": pol is policy, **extra,
+                               "tuning_queries": int(levels_ctx["table"].recall.shape[0])}, set_threads))
+    return out
 
 
 def _faiss_ann(kind: str, X_rot: np.ndarray, M: int = 32):
@@ -415,13 +470,41 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
             effort = stage.effort(tgt)
             extra = {"bar": effort_policy.bar(tgt)} if policy is not None else {}
             out.append(Method(f"{prefix}{tgt:g}", run, mem, build_s + (fit_s if policy is not None else 0.0),
-                              {**params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort, "margin_share": margin,
-                               "served_exact": effort is None and policy is None,
+                              {"backend": ours_kind, **params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort,
+                               "margin_share": margin, "served_exact": effort is None and policy is None,
                                "per_query_effort": policy is not None, **extra,
                                "tuning_queries": len(Q["train"])}, set_threads))
+            out[-1].version = version
     for m in out:
         m.family = "ann"
     return out
+
+
+PICK_QUERIES = 200
+"""Training queries the backend pick times each backend on (as ``trainer.build.MEASURE_QUERIES``)."""
+
+
+def picked_backend(ann_ms: list[Method], levels_ctx: dict, X_rot: np.ndarray, R: np.ndarray, E: dict, doc_ids,
+                   kind: str, corpus: str) -> list[Method]:
+    """Issue 19's ``ours_*`` rows as ``--ann auto`` serves them: the ANN version (per-query effort) and the level
+    scan are timed at recall 0.99 on training queries (:func:`trainer.build.time_backends`,
+    :func:`engine.ann.pick_by_latency`); when the level scan is faster the ANN's ``ours_*`` rows are replaced by
+    :func:`level_ann_family`.  Every ``ours_*`` row of the family records the pick and both timings."""
+    ann_version = next(m.version for m in ann_ms if m.name == "ours_recall_0.99")
+    rng = np.random.default_rng(5)
+    Qs = E["train"][np.sort(rng.choice(len(E["train"]), min(PICK_QUERIES, len(E["train"])), replace=False))]
+    measured = time_backends({kind: ann_version, "flat": levels_ctx["version"]}, X_rot, Qs, 0.99)
+    pick, why = ann.pick_by_latency(measured)
+    print(f"[{corpus}] backend pick (training queries): {why}", flush=True)
+    if pick == "flat":
+        ann_ms = [m for m in ann_ms if not m.name.startswith("ours")]
+        ann_ms += level_ann_family(levels_ctx, X_rot, R, E, doc_ids)
+    for m in ann_ms:
+        if m.name.startswith("ours"):
+            m.family = "ann"
+            m.params = {**m.params, "picked": pick, "pick": why,
+                        "pick_timings": {b: {k: round(v, 4) for k, v in t.items()} for b, t in measured.items()}}
+    return ann_ms
 
 
 def ann_plot(rows: list[dict], corpus: str, path: Path) -> bool:
@@ -521,15 +604,18 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
     Q = {w: np.ascontiguousarray(E[w] @ R.T, dtype=np.float32) for w in E}
     truth = {w: exhaustive(X_rot, Q[w]) for w in Q}
     print(f"[{name}] N={N:,}: exhaustive truth done", flush=True)
-    methods = []
+    methods, levels_ctx = [], None
     if args.methods in ("base", "all"):
         methods += faiss_methods(X_rot, Q, truth["train"], faiss, R, E)
-        ours, report = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
+        ours, report, levels_ctx = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
         methods += ours
     if args.methods in ("ann", "all"):
-        methods += [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann,
-                                           tuple(args.ann_baselines))
-                    if not (args.methods == "all" and m.name == "faiss_flat")]
+        ann_ms = [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann,
+                                         tuple(args.ann_baselines))
+                  if not (args.methods == "all" and m.name == "faiss_flat")]
+        if levels_ctx is not None:
+            ann_ms = picked_backend(ann_ms, levels_ctx, X_rot, R, E, data["doc_ids"], args.ours_ann, name)
+        methods += ann_ms
     print(f"[{name}] methods built: " + ", ".join(f"{m.name} {m.build_s:.1f}s" for m in methods), flush=True)
     rows = []
     for threads in args.threads:
@@ -564,6 +650,13 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
 # ------------------------------------------------------------------------------------------------ output
 
 
+def _ann_label(row: dict) -> str:
+    """How an ANN-family ``ours_*`` row is served: the level scan (the backend pick kept it) or the ANN."""
+    params = row.get("params", {})
+    backend = str(params.get("backend") or ("hnsw" if "efSearch" in params else "ivf" if "nprobe" in params else "ANN"))
+    return " (level scan, picked)" if backend.startswith("flat") else f" (ANN stage 1: {backend})"
+
+
 def markdown(out: dict) -> str:
     title = ("ANN first stages at equal recall (issue 19)" if out.get("methods") == "ann"
              else "Certified width and declared recall at scale (issues 15 and 19)")
@@ -587,7 +680,7 @@ def markdown(out: dict) -> str:
                       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in rr:
                 f = lambda v: "—" if v is None else f"{v}"  # noqa: E731
-                name = r["method"] + (" (ANN stage 1)" if r.get("family") == "ann" and r["method"].startswith("ours")
+                name = r["method"] + (_ann_label(r) if r.get("family") == "ann" and r["method"].startswith("ours")
                                       else "") + (" †" if r.get("earlier_run") else "")
                 lines.append(f"| {name} | {r['recall_at_10']:.4f} | {f(r['ndcg_at_10'])} | "
                              f"{f(r['ndcg_at_10_unseen'])} | {r['p50_ms']:.3f} | {r['p95_ms']:.3f} | "

@@ -185,6 +185,9 @@ class BackendChoice:
     reason: str
     needed_bytes: int
     bytes_per_document: dict = field(default_factory=dict)
+    alternatives: tuple[str, ...] = ()
+    """Backends that also fit and are built and timed against ``backend`` (:func:`pick_by_latency`); the build
+    keeps the faster."""
 
 
 def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_000,
@@ -193,7 +196,10 @@ def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_00
     """Pick the stage-1 backend of a build.
 
     ``none``: flat.  A kind: that kind.  ``auto``: flat below ``ann_min_docs`` documents; else ``hnsw`` when it
-    fits the budget (the fastest at equal recall), else ``ivf`` (smaller: no graph).  Every choice must fit
+    fits the budget (the fastest at equal recall), else ``ivf`` (smaller: no graph), with flat among the
+    ``alternatives`` when it fits too: the build times both at the default recall target on its tuning queries
+    and keeps the faster (:func:`pick_by_latency`; on 10^6 Gaussian documents HNSW needs efSearch 4096 for
+    recall@10 0.99 and the level scan is ~5 x faster, ``bench/results/scale/``).  Every choice must fit
     ``memory_budget_bytes`` (None: no budget) with the documents ``docs.npy`` and, for flat, the level store.
 
     Args:
@@ -237,13 +243,44 @@ def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_00
         tried.append((backend, need))
         if fits(need):
             budget = "no memory budget" if memory_budget_bytes is None else f"fits {memory_budget_bytes:,} bytes"
-            return BackendChoice(backend, f"{why}; {backend} needs {need:,} bytes ({budget})", need, per)
+            alternatives = ()
+            if requested == "auto" and backend != "flat" and level_bytes_per_document > 0 and fits(cost("flat")[0]):
+                alternatives = ("flat",)
+            return BackendChoice(backend, f"{why}; {backend} needs {need:,} bytes ({budget})", need, per,
+                                 alternatives)
     least = min(tried, key=lambda t: t[1])
     raise MemoryBudgetError(
         f"the stage-1 backend does not fit the memory budget of {memory_budget_bytes:,} bytes: "
         + ", ".join(f"{b} needs {need:,} bytes" for b, need in tried)
         + f" for {n:,} documents of width {d} ({why}); raise memory_budget_bytes (ADAWIDTH_MEMORY_BUDGET_BYTES) "
           f"to at least {least[1]:,} or choose another --ann", least[1], memory_budget_bytes)
+
+
+def pick_by_latency(measured: dict[str, dict]) -> tuple[str, str]:
+    """The backend with the lowest measured p50 among those timed at the same recall target.
+
+    Args:
+        measured: backend -> ``{"p50_ms": float (lower is better), "recall_at_10": float, ...}``, each timed
+            through the served pipeline on the same tuning queries, one query at a time.
+
+    Returns:
+        (backend, reason).
+
+    Raises:
+        ValueError: nothing measured, or a p50 that is not a positive finite number.
+    """
+    if not measured:
+        raise ValueError("no backend was measured")
+    for b, m in measured.items():
+        p = m.get("p50_ms")
+        if not isinstance(p, (int, float)) or not math.isfinite(p) or p <= 0:
+            raise ValueError(f"{b}: p50_ms must be a positive finite number, got {p!r}")
+    best = min(measured, key=lambda b: (measured[b]["p50_ms"], b))
+    others = ", ".join(f"{b} {m['p50_ms']:.3g} ms (recall@10 {m['recall_at_10']:.3f})"
+                       for b, m in sorted(measured.items()) if b != best)
+    m = measured[best]
+    return best, (f"{best} measured {m['p50_ms']:.3g} ms p50 at recall@10 {m['recall_at_10']:.3f}"
+                  + (f", faster than {others}" if others else ""))
 
 
 # -- building and searching ----------------------------------------------------------------------------------

@@ -42,11 +42,14 @@ class RecallPolicy:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _bars: dict = field(default_factory=dict)
     forest: Forest | None = None
+    _columns: dict = field(default_factory=dict)
+    _template: np.ndarray | None = None
 
     def __post_init__(self):
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
         # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
         self.forest = Forest.from_dump(self.booster.dump_model())
+        self._template = recall_policy.design(np.zeros(len(self.feature_names)), self.z_grid)
 
     def bar(self, target: float) -> float:
         """τ for ``target`` (cached): the lowest bar whose calibration choices meet target + margin; +inf for
@@ -60,10 +63,22 @@ class RecallPolicy:
         return self._bars[target]
 
     def predict(self, evidence) -> np.ndarray:
-        """(Z,) predicted recall@k of one query at every confidence of the grid."""
-        f = evidence.features(self.k)
-        row = np.array([f.get(n, np.nan) for n in self.feature_names], dtype=np.float64)
-        return self.forest.predict(recall_policy.design(row, self.z_grid))
+        """(Z,) predicted recall@k of one query at every confidence of the grid (the rows of
+        :func:`adawidth.recall_policy.design`, built from a cached template: the serving path, once a query)."""
+        if hasattr(evidence, "feature_array"):  # adawidth.levels.LevelEvidence
+            names, values = evidence.feature_names(self.k), evidence.feature_array(self.k)
+        else:  # any evidence with a features(k) dict (engine.ann.AnnEvidence)
+            f = evidence.features(self.k)
+            names, values = tuple(f), np.fromiter(f.values(), np.float64, len(f))
+        cached = self._columns.get(names)
+        if cached is None:  # where each model feature sits in the evidence (len(names): missing, NaN)
+            pos = {n: i for i, n in enumerate(names)}
+            cached = np.array([pos.get(n, len(names)) for n in self.feature_names], dtype=np.int64)
+            self._columns[names] = cached
+        values = np.append(values, np.nan)
+        rows = self._template.copy()
+        rows[:, :len(cached)] = values[cached]
+        return self.forest.predict(rows)
 
     def choose(self, evidence, target: float) -> tuple[str, float | None]:
         """(bound, z) for one query: ``("exact", None)`` at target 1, else the cheapest z predicted to clear the
@@ -74,5 +89,6 @@ class RecallPolicy:
         bar = self.bar(target)
         if bar is None:
             return "exact", None
-        j = int(recall_policy.choose(self.predict(evidence)[None, :], bar)[0])
+        pred = self.predict(evidence).tolist()  # recall_policy.choose for one query
+        j = next((i for i, p in enumerate(pred) if p >= bar), len(pred) - 1)
         return self.bound, float(self.z_grid[j])

@@ -7,7 +7,10 @@ Steps (each logged with its duration):
    prefix adapter trained on the training split (§3.1 of 001) when one exists;
 3. the served rotation (``--rotation``) rotates the documents; stage 1 is a faiss
    inner-product index over their normalised m0-prefixes;
-4. a LightGBM router per action pair, fitted on training queries (§3.2 of 001);
+4. a LightGBM router per action pair, fitted on training queries (§3.2 of 001); the stage-1 backend
+   (``--ann``): the level store and its recall policy, or an ANN index with its tuned effort curve; with
+   ``--ann auto`` on a corpus of at least ``ann_min_docs`` both are built, timed through the served pipeline
+   at the default recall target, and only the faster is kept (:func:`_measure_backends`);
 5. offline evaluation on the evaluation split through the served code path;
 6. the capacity report (:mod:`adawidth.capacity`: δ, Warren's d*, regime, dimension
    cliff, CUS, failure AUC, prefix-sufficiency scaling) on the evaluation split and
@@ -56,6 +59,7 @@ import numpy as np
 
 from adawidth import stage1_policy
 from adawidth.levels import LevelLayout, LevelStore
+from adawidth.prefix import top_k
 from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
@@ -286,6 +290,7 @@ class BuildContext:
     recall: dict | None = None             # the fitted recall policy: booster, oof, table, section fields
     backend: ann.BackendChoice | None = None  # the stage-1 backend chosen from N and the memory budget (issue 19)
     ann: dict | None = None                # the ANN first stage: index, params, curve, section fields
+    backend_measured: dict | None = None   # auto: the backends timed at the default recall target, and the pick
     evaluation: dict | None = None
     capacity: dict | None = None
     base: IndexVersion | None = None       # reuse_from, loaded (its fitted parts are reused)
@@ -601,7 +606,8 @@ def _levels_and_recall(ctx: BuildContext) -> None:
     calibrated out of fold on the training queries (through the cross-fitted rotations when the rotation is
     learned, as the routers are), or on pseudo-queries drawn from the corpus when there is no train split."""
     opts = ctx.opts
-    if not opts.levels or (ctx.backend is not None and ctx.backend.backend != "flat"):
+    if not opts.levels or (ctx.backend is not None and ctx.backend.backend != "flat"
+                           and "flat" not in ctx.backend.alternatives):
         return
     base_levels = ctx.base.levels if ctx.base is not None else None
     with ctx.timer("level store"):
@@ -643,6 +649,82 @@ def _levels_and_recall(ctx: BuildContext) -> None:
                                   "calibration_source": source,
                                   "calibration": calibration_report(table, oof),
                                   "pseudo_queries": pseudo.record if pseudo is not None else None}}
+
+
+MEASURE_QUERIES = 200
+"""Tuning queries each backend of ``--ann auto`` is timed on (one at a time, the served pipeline)."""
+
+
+def time_backends(versions: dict, X_rot: np.ndarray, Q: np.ndarray, target: float, k: int = 10) -> dict[str, dict]:
+    """Time versions through the served pipeline, policy ``recall`` at ``target``, one query at a time.
+
+    Args:
+        versions: backend name -> in-memory :class:`engine.index.IndexVersion` over the same rotated documents.
+        X_rot: (N, D) float32 rotated documents (the exhaustive reference).
+        Q: (Q, D) float32 query embeddings (unrotated; the pipeline rotates).
+        target: the declared recall@k.
+
+    Returns:
+        name -> ``{"p50_ms", "p95_ms"}`` (lower is better) and ``"recall_at_10"`` against exhaustive search.
+    """
+    R = next(iter(versions.values())).rotation
+    Qr = np.ascontiguousarray(Q @ R.T, np.float32)
+    truth = np.concatenate([top_k(Qr[s:s + 16] @ X_rot.T, k) for s in range(0, len(Qr), 16)])
+    pipe, spec = Pipeline(), SearchSpec("q", k=k, width="auto", policy="recall", recall_target=target)
+    measured = {}
+    for name, v in versions.items():
+        pipe.search(v, [spec], embeddings=Q[:1])  # warm
+        lat, hits = np.empty(len(Q)), 0
+        for i in range(len(Q)):
+            t = time.perf_counter()
+            res = pipe.search(v, [spec], embeddings=Q[i:i + 1])[0]
+            lat[i] = time.perf_counter() - t
+            hits += len(set(res.rows.tolist()) & set(truth[i].tolist()))
+        measured[name] = {"p50_ms": float(np.median(lat) * 1e3), "p95_ms": float(np.quantile(lat, 0.95) * 1e3),
+                          "recall_at_10": hits / (k * len(Q))}
+    return measured
+
+
+def _measure_backends(ctx: BuildContext) -> None:
+    """``--ann auto`` with both the ANN and the flat level scan built (:attr:`engine.ann.BackendChoice.alternatives`):
+    time each through the served pipeline (policy ``recall`` at the default target, one query at a time, one
+    thread) on up to :data:`MEASURE_QUERIES` tuning queries and keep the faster (:func:`engine.ann.pick_by_latency`);
+    the other's structures are dropped before anything is written.  Measured on the build machine: the manifest
+    records both p50s and recalls, so a reader can see the margin."""
+    b = ctx.backend
+    if b is None or not b.alternatives or ctx.ann is None or ctx.levels is None or ctx.recall is None:
+        return
+    opts, r, a = ctx.opts, ctx.recall, ctx.ann
+    Q = ctx.train.emb if ctx.has_train else _pseudo_query_embeddings(ctx)[1]
+    rng = np.random.default_rng(opts.seed + 7)
+    if len(Q) > MEASURE_QUERIES:
+        Q = Q[np.sort(rng.choice(len(Q), MEASURE_QUERIES, replace=False))]
+    Q = np.ascontiguousarray(Q, np.float32)
+    target = PlanDefaults().default_recall_target
+    sec = r["section"]
+    policy = r.get("loaded") or RecallPolicy(r["booster"], sec["feature_names"], np.asarray(sec["z_grid"]), sec["bound"],
+                                             r["oof"], r["table"].recall, k=sec["k"], margin_share=sec["margin_share"])
+    versions = {
+        "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
+        b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=AnnStage1(
+            a["index"], a["params"], a["curve"], a["section"]["margin_share"], a["section"]["bytes_per_document"])),
+    }
+    with ctx.timer("backend timing"):
+        measured = time_backends(versions, ctx.X_rot, Q, target)
+    pick, why = ann.pick_by_latency(measured)
+    ctx.backend_measured = {"recall_target": target, "queries": int(len(Q)), "threads": 1, "backends": measured,
+                            "chosen": pick}
+    log.info("stage-1 backend by measurement: %s", why)
+    if pick == "flat":
+        flat = ann.select_backend("none", len(ctx.doc_ids), ctx.X_rot.shape[1],
+                                  memory_budget_bytes=getattr(ctx.settings, "memory_budget_bytes", None),
+                                  level_bytes_per_document=ctx.levels.nbytes / max(len(ctx.doc_ids), 1),
+                                  fp16_width=ctx.levels.layout.fp16_width)
+        ctx.backend = replace(flat, reason=f"{b.reason}; {why}")
+        ctx.ann = None
+    else:
+        ctx.backend = replace(b, reason=f"{b.reason}; {why}", alternatives=())
+        ctx.levels, ctx.recall = None, None
 
 
 def _funnel_policy(ctx: BuildContext) -> None:
@@ -868,7 +950,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
         backend_section = BackendSection(chosen=b.backend, reason=b.reason, requested=opts.ann,
                                          ann_min_docs=getattr(st, "ann_min_docs", None),
                                          memory_budget_bytes=getattr(st, "memory_budget_bytes", None),
-                                         needed_bytes=b.needed_bytes, bytes_per_document=every)
+                                         needed_bytes=b.needed_bytes, bytes_per_document=every,
+                                         measured=ctx.backend_measured)
     default_policy = ("recall" if recall_section is not None or ann_section is not None else "funnel" if ctx.policy is not None
                       else "router" if ctx.routers else None)
     if ctx.capacity is not None:
@@ -977,6 +1060,7 @@ def _build_refit(opts: BuildOptions, settings, encoder, drift: dict) -> tuple[Pa
 
 
 _STEPS = (_read_dataset, _check_disk, _choose_backend, _encode, _cars, _rotations, _routers, _ann, _levels_and_recall,
+          _measure_backends,
           _difficulty_head, _funnel_policy, _evaluation_and_capacity)
 """The steps of a build, in order (module docstring)."""
 

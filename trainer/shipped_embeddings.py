@@ -18,7 +18,10 @@ The file (``numpy.savez_compressed``, no pickle) holds
 * ``vectors``: the (N, D) float32 vectors, byte-shuffled for compression: uint8 (4, N·D), row j the
   j-th little-endian byte of every value.  float32, not float16: float16 would pass the cosine check
   below (cosine about 1 - 1e-7) but moves scores by about 1e-4, and the frozen-answer tests compare
-  scores to 1e-6, so the cache must hold the encoder's own output.
+  scores to 1e-6, so the cache must hold the encoder's own output.  A benchmark-only file (debdocs'
+  encoded prefix, ``bench.encode_debdocs --ship``; no test reads it) may be float16 (meta ``dtype``,
+  uint8 (2, N·D)): half the bytes in the repository, and every method of a benchmark reads the same
+  rounded vectors.
 
 The check before seeding (:func:`seed_cache`): the encoder's fingerprint must equal the file's, and a
 seeded random sample of at least 32 documents (and a few queries) is re-encoded; the smallest cosine
@@ -80,17 +83,23 @@ class Shipped:
     vectors: np.ndarray
 
 
-def _shuffle(vectors: np.ndarray) -> np.ndarray:
-    """(N, D) float32 -> uint8 (4, N·D): byte j of every value in row j (little-endian)."""
-    return np.ascontiguousarray(np.ascontiguousarray(vectors, dtype="<f4").view(np.uint8).reshape(-1, 4).T)
+DTYPES = {"float32": "<f4", "float16": "<f2"}
+"""Value types a shipped file may hold (float16 for benchmark-only files; see the module docstring)."""
 
 
-def _unshuffle(planes: np.ndarray, n: int, d: int) -> np.ndarray:
-    return np.ascontiguousarray(planes.T).view("<f4").reshape(n, d).astype(np.float32)
+def _shuffle(vectors: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """(N, D) float -> uint8 (B, N·D), B the value's bytes: byte j of every value in row j (little-endian)."""
+    v = np.ascontiguousarray(vectors, dtype=DTYPES[dtype])
+    return np.ascontiguousarray(v.view(np.uint8).reshape(-1, v.itemsize).T)
+
+
+def _unshuffle(planes: np.ndarray, n: int, d: int, dtype: str = "float32") -> np.ndarray:
+    return np.ascontiguousarray(planes.T).view(DTYPES[dtype]).reshape(n, d).astype(np.float32)
 
 
 def write_shipped(dataset: Path | str, encoder, cache: EmbeddingCache | None, out: Path | str | None = None,
-                  *, command: str = "") -> tuple[Path, dict]:
+                  *, command: str = "", texts: tuple[list[str], list[str]] | None = None,
+                  dtype: str = "float32", note: str = "") -> tuple[Path, dict]:
     """Encode (or read from ``cache``) every document and query of ``dataset`` and write the shipped file.
 
     Args:
@@ -99,11 +108,19 @@ def write_shipped(dataset: Path | str, encoder, cache: EmbeddingCache | None, ou
         cache: the embedding cache to read and fill, or None.
         out: output path (default :func:`shipped_path` of the encoder's fingerprint).
         command: the command line to record in the metadata.
+        texts: (document texts, query texts) to ship instead of all of the dataset's (a subset).
+        dtype: ``float32`` (the default, what tests need) or ``float16`` (benchmark-only files).
+        note: a free-text description recorded in the metadata (e.g. which subset).
 
     Returns:
         (path written, its metadata).
+
+    Raises:
+        ValueError: an unknown ``dtype``.
     """
-    docs, queries = dataset_texts(dataset)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    docs, queries = dataset_texts(dataset) if texts is None else (list(texts[0]), list(texts[1]))
     fp = encoder_fingerprint(encoder)
     texts = list(dict.fromkeys(docs + queries))  # a query equal to a document text needs one vector
     doc_set = set(docs)
@@ -114,14 +131,16 @@ def write_shipped(dataset: Path | str, encoder, cache: EmbeddingCache | None, ou
             "encoder": {"model_name": encoder.info.model_name, "onnx_sha256": encoder.info.onnx_sha256,
                         "tokenizer_sha256": encoder.info.tokenizer_sha256, "max_tokens": int(encoder.max_tokens)},
             "fingerprint": fp, "count": len(texts), "documents": int((kinds == DOCUMENT).sum()),
-            "queries": int((kinds == QUERY).sum()), "dimension": int(vectors.shape[1]), "dtype": "float32",
-            "layout": "vectors: uint8 (4, N*D), byte j (little-endian) of every float32 value in row j",
+            "queries": int((kinds == QUERY).sum()), "dimension": int(vectors.shape[1]), "dtype": dtype,
+            "layout": f"vectors: uint8 ({np.dtype(DTYPES[dtype]).itemsize}, N*D), byte j (little-endian) of "
+                      f"every {dtype} value in row j",
             "key": "keys[i] = sha256(fingerprint + '\\0' + text), trainer.embed_cache.content_key",
-            "command": command}
+            "command": command, **({"note": note} if note else {})}
     path = Path(out) if out is not None else shipped_path(dataset, fp)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), keys=keys, kinds=kinds, vectors=_shuffle(vectors))
+    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), keys=keys, kinds=kinds,
+                        vectors=_shuffle(vectors, dtype))
     tmp.replace(path)
     return path, meta
 
@@ -138,11 +157,14 @@ def read_shipped(path: Path | str) -> Shipped:
             meta = json.loads(str(z["meta"]))
             if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
                 raise ValueError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} file")
-            n, d = int(meta["count"]), int(meta["dimension"])
+            n, d, dtype = int(meta["count"]), int(meta["dimension"]), meta.get("dtype", "float32")
+            if dtype not in DTYPES:
+                raise ValueError(f"{path}: unknown dtype {dtype!r}")
             keys, kinds, planes = z["keys"], z["kinds"], z["vectors"]
-            if keys.shape != (n, 32) or kinds.shape != (n,) or planes.shape != (4, n * d):
+            width = np.dtype(DTYPES[dtype]).itemsize
+            if keys.shape != (n, 32) or kinds.shape != (n,) or planes.shape != (width, n * d):
                 raise ValueError(f"{path}: arrays do not match the metadata ({n} vectors of {d})")
-            return Shipped(meta, [bytes(k).hex() for k in keys], kinds, _unshuffle(planes, n, d))
+            return Shipped(meta, [bytes(k).hex() for k in keys], kinds, _unshuffle(planes, n, d, dtype))
     except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"{path} cannot be read as shipped embeddings: {type(e).__name__}: {e}") from None
 

@@ -288,6 +288,7 @@ class BackendSection(_Section):
     memory_budget_bytes: int | None = None
     needed_bytes: int | None = None
     bytes_per_document: dict[str, dict[str, float]] = Field(default_factory=dict)
+    measured: dict | None = None  # --ann auto: backends timed at the default recall target (trainer.build)
 
 
 class PolicySection(_Section):

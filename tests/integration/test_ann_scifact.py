@@ -145,3 +145,35 @@ def test_the_gateway_reports_the_backend_and_serves_an_unmeetable_target_exactly
         t = r.json()["trace"]
         assert r.status_code == 200 and t["policy"] == "recall" and t["stage1_backend"] == "hnsw"
         assert t["effort"] == app.state.gw.live.ann.effort(0.95) and t["served_exact_because"] is None
+
+
+def test_auto_times_hnsw_against_the_level_scan_and_keeps_only_the_faster(tmp_path, encoder_dir, encoder):
+    """``--ann auto`` with ``ann_min_docs`` below SciFact's 5,183 documents: both backends are built, timed
+    through the served pipeline at the default recall target, the faster is kept and the manifest says why."""
+    from threadpoolctl import threadpool_limits
+
+    from trainer.build import BuildOptions, build_index
+    from trainer.config import TrainerSettings
+
+    settings = TrainerSettings(home=tmp_path, encoder_dir=encoder_dir, redis_url=None, ann_min_docs=1000,
+                               embedding_cache=VAR / "cache" / "embeddings.sqlite").resolved()
+    with threadpool_limits(limits=1):
+        path, m = build_index(BuildOptions(dataset=SCIFACT, rotation="pca", ann="auto", capacity=False,
+                                           action_pairs=((64, 128),), default_pair=(64, 128), publish=False),
+                              settings, encoder)
+    meas = m.backend.measured
+    assert meas is not None and set(meas["backends"]) == {"hnsw", "flat"} and meas["queries"] == 200
+    assert meas["recall_target"] == 0.99 and meas["chosen"] == m.backend.chosen
+    p50 = {b: x["p50_ms"] for b, x in meas["backends"].items()}
+    assert m.backend.chosen == min(p50, key=p50.get) and "faster than" in m.backend.reason
+    for x in meas["backends"].values():  # both are served at the target on the tuning queries
+        assert x["recall_at_10"] >= 0.98, meas
+    v = IndexVersion.load(path)
+    if m.backend.chosen == "flat":  # only the kept backend's files are written
+        assert m.ann is None and m.levels is not None and m.recall_policy is not None and v.ann is None
+    else:
+        assert m.levels is None and m.recall_policy is None and v.ann is not None and v.levels is None
+    r = Pipeline().search(v, [SearchSpec(query="q", k=10)], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
+    assert r.trace["policy"] == "recall" and r.trace["stage1_backend"] == ("levels" if m.backend.chosen == "flat"
+                                                                           else "hnsw")
+    assert r.rows[0] == 0

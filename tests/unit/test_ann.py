@@ -28,6 +28,29 @@ def test_auto_is_flat_below_ann_min_docs_and_hnsw_above():
     assert big.needed_bytes == pytest.approx(big.bytes_per_document["total"] * 200_000, rel=1e-6)
 
 
+def test_auto_above_ann_min_docs_also_times_the_level_scan_when_it_fits():
+    n, d, level_bpd = 1_000_000, 384, 4.0 * 384 + 2 * 96 + 4 * 9
+    got = ann.select_backend("auto", n, d, level_bytes_per_document=level_bpd, fp16_width=96)
+    assert got.backend == "hnsw" and got.alternatives == ("flat",)
+    flat = ann.select_backend("none", n, d, level_bytes_per_document=level_bpd, fp16_width=96).needed_bytes
+    tight = ann.select_backend("auto", n, d, level_bytes_per_document=level_bpd, fp16_width=96,
+                               memory_budget_bytes=flat - 1)
+    assert tight.alternatives == ()  # the level scan does not fit: nothing to time it against
+    assert ann.select_backend("hnsw", n, d, level_bytes_per_document=level_bpd).alternatives == ()  # forced kind
+    assert ann.select_backend("auto", n, d).alternatives == ()  # built without levels
+
+
+def test_pick_by_latency_keeps_the_lowest_p50_and_says_by_how_much():
+    best, why = ann.pick_by_latency({"hnsw": {"p50_ms": 26.7, "recall_at_10": 0.991},
+                                     "flat": {"p50_ms": 5.58, "recall_at_10": 0.990}})
+    assert best == "flat" and "5.58 ms" in why and "hnsw 26.7 ms" in why
+    assert ann.pick_by_latency({"ivf": {"p50_ms": 1.0, "recall_at_10": 0.99}})[0] == "ivf"
+    with pytest.raises(ValueError, match="no backend"):
+        ann.pick_by_latency({})
+    with pytest.raises(ValueError, match="p50_ms"):
+        ann.pick_by_latency({"flat": {"p50_ms": float("nan"), "recall_at_10": 1.0}})
+
+
 def test_auto_falls_back_to_ivf_when_hnsw_does_not_fit():
     n, d = 1_000_000, 384
     hnsw = ann.select_backend("hnsw", n, d).needed_bytes

@@ -172,3 +172,28 @@ def test_dataset_without_a_file_is_not_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         report = seed_cache(data, enc, cache)
     assert report.status == "no_file" and not report.fallback and not caplog.records
+
+
+def test_a_float16_subset_file_holds_its_texts_rounded_and_seeds_only_them(tmp_path):
+    """bench.encode_debdocs --ship: a subset of the documents and some queries, float16 (half the bytes)."""
+    data = beir(tmp_path / "data")
+    enc = HashEncoder()
+    docs = [f"title {i} document text number {i}" for i in range(10, 30)]
+    queries = ["query 3", "query 7"]
+    out = tmp_path / "chunk.npz"
+    path, meta = write_shipped(data, enc, None, out, texts=(docs, queries), dtype="float16", note="docs 10..30")
+    assert path == out and meta["dtype"] == "float16" and meta["note"] == "docs 10..30"
+    assert meta["documents"] == 20 and meta["queries"] == 2
+    s = read_shipped(path)
+    want = enc.encode(docs + queries)
+    assert s.vectors.dtype == np.float32 and np.array_equal(s.vectors, want.astype(np.float16).astype(np.float32))
+    assert not np.array_equal(s.vectors, want)  # rounded, and within float16's relative precision
+    assert np.abs(s.vectors - want).max() <= 2.0 ** -11 * np.abs(want).max()
+    cache = EmbeddingCache(tmp_path / "cache.sqlite", enc.dimension)
+    report = seed_cache(data, enc, cache, path=path)
+    assert report.status == "seeded" and report.seeded == 22 and report.min_cosine >= 0.9999
+    fp = encoder_fingerprint(enc)
+    got = cache.get_many([content_key(t, fp) for t in docs + ["title 0 document text number 0"]])
+    assert len(got) == 20  # the subset only
+    with pytest.raises(ValueError, match="dtype"):
+        write_shipped(data, enc, None, tmp_path / "x.npz", dtype="int8")
