@@ -129,18 +129,23 @@ class IndexVersion:
         return "levels" if self.levels is not None else "flat"
 
     def backend_report(self) -> dict:
-        """``{"backend", "bytes_per_document", "effort_name", "targets"}``: the stage-1 backend and its bytes per
-        document by part (vectors, graph, ids, panorama, levels, float16, documents, total; :func:`engine.ann.
-        bytes_per_document`), for ``/readyz``."""
+        """``{"backend", "bytes_per_document", "effort_name", "targets", "chosen_because"}``: the stage-1 backend
+        and its bytes per document by part (vectors, graph, ids, panorama, levels, float16, documents, total;
+        :func:`engine.ann.bytes_per_document`), and the build's reason for it (``--ann auto``: the timings of
+        the backends it measured), for ``/readyz``."""
         N, D = max(self.size, 1), self.dimension
+        b = getattr(self.manifest, "backend", None)
+        why = {"chosen_because": b.reason if b is not None else None}
+        if b is not None and b.measured:
+            why["measured"] = b.measured
         if self.ann is not None:
             per = self.ann.bytes_per_document or ann_lib.bytes_per_document(self.ann.kind, N, D, self.ann.params)
             return {"backend": self.ann.kind, "bytes_per_document": per, "effort_name": self.ann.effort_name,
-                    "targets": {str(t): self.ann.effort(t) for t in ann_lib.DEFAULT_TARGETS}}
+                    "targets": {str(t): self.ann.effort(t) for t in ann_lib.DEFAULT_TARGETS}, **why}
         lv = self.levels
         per = ann_lib.bytes_per_document("flat", N, D, level_bytes_per_document=lv.nbytes / N if lv is not None else 0.0,
                                          fp16_width=lv.layout.fp16_width if lv is not None else 0)
-        return {"backend": self.stage1_backend, "bytes_per_document": per}
+        return {"backend": self.stage1_backend, "bytes_per_document": per, **why}
 
     @property
     def size(self) -> int:

@@ -173,6 +173,8 @@ def test_auto_times_hnsw_against_the_level_scan_and_keeps_only_the_faster(tmp_pa
         assert m.ann is None and m.levels is not None and m.recall_policy is not None and v.ann is None
     else:
         assert m.levels is None and m.recall_policy is None and v.ann is not None and v.levels is None
+    rep = v.backend_report()  # what /readyz shows
+    assert "faster than" in rep["chosen_because"] and rep["measured"]["chosen"] == m.backend.chosen
     r = Pipeline().search(v, [SearchSpec(query="q", k=10)], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
     assert r.trace["policy"] == "recall" and r.trace["stage1_backend"] == ("levels" if m.backend.chosen == "flat"
                                                                            else "hnsw")
