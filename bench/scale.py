@@ -757,11 +757,11 @@ def main(argv=None) -> int:
         del data
         args.out.mkdir(parents=True, exist_ok=True)
         n_now = new_rows[0]["n_docs"] if new_rows else None
-        stale = [r for r in previous if r["corpus"] == name and r["n_docs"] != n_now]
-        if stale:  # one N per corpus in the results: a run at another N supersedes the corpus's older rows
+        stale = [r for r in previous if r["corpus"] == name == "debdocs" and r["n_docs"] != n_now]
+        if stale:  # debdocs' encoded prefix grows: a run on another prefix supersedes the older prefix's rows
             print(f"[{name}] dropping {len(stale)} rows at N = {sorted({r['n_docs'] for r in stale})} "
                   f"(superseded by N = {n_now:,})", flush=True)
-            previous = [r for r in previous if not (r["corpus"] == name and r["n_docs"] != n_now)]
+            previous = [r for r in previous if not any(r is x for x in stale)]
         previous = merge_rows(previous, new_rows)
         fresh = {id(r) for r in new_rows}
         for r in previous:  # rows of this corpus this run did not measure again: say which run made them
