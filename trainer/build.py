@@ -59,7 +59,6 @@ import numpy as np
 
 from adawidth import stage1_policy
 from adawidth.levels import LevelLayout, LevelStore
-from adawidth.prefix import top_k
 from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
@@ -669,19 +668,18 @@ def time_backends(versions: dict, X_rot: np.ndarray, Q: np.ndarray, target: floa
     """
     R = next(iter(versions.values())).rotation
     Qr = np.ascontiguousarray(Q @ R.T, np.float32)
-    truth = np.concatenate([top_k(Qr[s:s + 16] @ X_rot.T, k) for s in range(0, len(Qr), 16)])
+    truth = ann.exhaustive_top_k(X_rot, Qr, k, chunk=16)
     pipe, spec = Pipeline(), SearchSpec("q", k=k, width="auto", policy="recall", recall_target=target)
     measured = {}
     for name, v in versions.items():
         pipe.search(v, [spec], embeddings=Q[:1])  # warm
-        lat, hits = np.empty(len(Q)), 0
+        lat, rows = np.empty(len(Q)), []
         for i in range(len(Q)):
             t = time.perf_counter()
-            res = pipe.search(v, [spec], embeddings=Q[i:i + 1])[0]
+            rows.append(pipe.search(v, [spec], embeddings=Q[i:i + 1])[0].rows)
             lat[i] = time.perf_counter() - t
-            hits += len(set(res.rows.tolist()) & set(truth[i].tolist()))
         measured[name] = {"p50_ms": float(np.median(lat) * 1e3), "p95_ms": float(np.quantile(lat, 0.95) * 1e3),
-                          "recall_at_10": hits / (k * len(Q))}
+                          "recall_at_10": float(ann.recall_at(rows, truth).mean())}
     return measured
 
 
