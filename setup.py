@@ -14,11 +14,11 @@ setup(
     ext_modules=[
         Extension(
             "adawidth._levelscan",
-            sources=["adawidth/_levelscan.c"],
+            sources=["adawidth/_levelscan.c"], depends=["adawidth/_forest_eval.h"],
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing", "-pthread"],
             extra_link_args=["-pthread"],
         ),
-        Extension("adawidth._forest", sources=["adawidth/_forest.c"],
+        Extension("adawidth._forest", sources=["adawidth/_forest.c"], depends=["adawidth/_forest_eval.h"],
                   extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"]),
     ]
 )

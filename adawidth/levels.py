@@ -79,7 +79,6 @@ SCAN_BLOCK = 2048  # rows per block of the pruning scan (adawidth/_levelscan.c B
 DEFAULT_Z = 4.0
 MAX_LEVELS = _kernel.MAX_LEVELS
 MAX_THREADS = _kernel.MAX_THREADS
-_U32 = 2.0 ** -24  # unit roundoff of float32
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -413,32 +412,19 @@ class LevelEvidence:
 
     def feature_names(self, k: int = 10) -> tuple[str, ...]:
         """The names of :meth:`feature_array`'s values, in order (the same for every query of a store and grid)."""
-        key = (len(self.query_tail_sqnorm), len(self.spread), tuple(self.z_grid[:len(self.survivors_at_z)].tolist()))
-        names = _FEATURE_NAMES.get(key)
-        if names is None:
-            names = (*_SCALAR_FEATURES, *(f"query_tail_sqnorm_{l}" for l in range(key[0])),
-                     *(f"spread_{l}" for l in range(key[1])), *(f"survivors_share_z{z:g}" for z in key[2]))
-            _FEATURE_NAMES[key] = names
-        return names
+        return evidence_feature_names(len(self.query_tail_sqnorm) - 1, self.z_grid[:len(self.survivors_at_z)])
 
     def feature_array(self, k: int = 10) -> np.ndarray:
         """(F,) float64 feature values in the order of :meth:`feature_names` (missing values are NaN); the serving
-        path's form of :meth:`features` (no dict, no strings)."""
-        pt, se = self.partial_top, self.seed_exact
-        n, nan = len(pt), float("nan")
-        p1 = float(pt[0]) if n else nan
-        pk = float(pt[k - 1]) if 0 <= k - 1 < n else nan
-        pl = float(pt[n - 1]) if n else nan
-        L1, L2 = len(self.query_tail_sqnorm), len(self.spread)
-        out = np.empty(len(_SCALAR_FEATURES) + L1 + L2 + len(self.survivors_at_z), dtype=np.float64)
-        out[:len(_SCALAR_FEATURES)] = (
-            self.threshold if np.isfinite(self.threshold) else nan, p1, pk, pl, p1 - pk, pk - pl,
-            float(se.max()) if len(se) else nan, float(np.mean(se - pt)) if len(se) else nan,
-            float(np.log10(max(self.scanned, 1))))
-        o = len(_SCALAR_FEATURES)
-        out[o:o + L1] = self.query_tail_sqnorm
-        out[o + L1:o + L1 + L2] = self.spread
-        out[o + L1 + L2:] = self.survivors_at_z / max(self.scanned, 1)
+        path's form of :meth:`features` (no dict, no strings).  Computed by the compiled kernel, the same code that
+        the fused search (:func:`fused_search`) runs, so a model trained on these values sees the served ones."""
+        out = np.empty(len(_SCALAR_FEATURES) + len(self.query_tail_sqnorm) + len(self.spread)
+                       + len(self.survivors_at_z), dtype=np.float64)
+        _kernel.evidence_features(np.ascontiguousarray(self.partial_top, np.float32),
+                                  np.ascontiguousarray(self.seed_exact, np.float32), float(self.threshold),
+                                  np.ascontiguousarray(self.query_tail_sqnorm, np.float64),
+                                  np.ascontiguousarray(self.spread, np.float64),
+                                  np.ascontiguousarray(self.survivors_at_z, np.int64), int(self.scanned), int(k), out)
         return out
 
     def features(self, k: int = 10) -> dict[str, float]:
@@ -448,7 +434,63 @@ class LevelEvidence:
 
 _SCALAR_FEATURES = ("threshold", "partial_1", "partial_k", "partial_last", "partial_gap_1_k", "partial_gap_k_last",
                     "exact_1", "exact_minus_partial_mean", "scanned_log10")
-_FEATURE_NAMES: dict[tuple, tuple[str, ...]] = {}  # feature names by (boundaries, boundaries, z grid)
+_FEATURE_NAMES: dict[tuple, tuple[str, ...]] = {}  # feature names by (L, z grid)
+EVIDENCE_Z_GRID: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
+"""The confidences at which :func:`begin` and :func:`fused_search` count the data-aware filter's survivors."""
+
+
+def evidence_feature_names(L: int, z_grid=EVIDENCE_Z_GRID) -> tuple[str, ...]:
+    """The names of the evidence features of a store of L levels with survivor counts at ``z_grid``, in the order
+    of :meth:`LevelEvidence.feature_array` and of :func:`fused_search`'s ``features``."""
+    key = (int(L), tuple(float(z) for z in z_grid))
+    names = _FEATURE_NAMES.get(key)
+    if names is None:
+        names = (*_SCALAR_FEATURES, *(f"query_tail_sqnorm_{l}" for l in range(L + 1)),
+                 *(f"spread_{l}" for l in range(L + 1)), *(f"survivors_share_z{z:g}" for z in key[1]))
+        _FEATURE_NAMES[key] = names
+    return names
+
+
+@dataclass(frozen=True, eq=False)
+class ConfidenceModel:
+    """A per-query choice of the data-aware confidence z inside :func:`fused_search` (a recall policy, compiled).
+
+    The query's evidence features (:func:`evidence_feature_names`) fill one model row per z of ``z_grid``; the
+    first z whose row's raw forest score is at least ``bar`` is used (the last z when none is):
+    :func:`adawidth.recall_policy.choose` for one query, evaluated inside the kernel.
+
+    Attributes:
+        forest: :class:`adawidth.forest.Forest` (LightGBM regression, raw score = predicted recall@k).
+        colmap: (F,) int32, the model's column j is evidence feature ``colmap[j]`` (>= 0), missing (-1) or z (-2).
+        z_grid: (Z,) float64 confidences, increasing (more work, higher recall).
+        bar: the bar on the predicted recall (+inf: always the last z).
+    """
+
+    forest: object
+    colmap: np.ndarray
+    z_grid: np.ndarray
+    bar: float
+
+    @classmethod
+    def for_model(cls, forest, model_features, L: int, z_grid, bar: float,
+                  evidence_z_grid=EVIDENCE_Z_GRID) -> "ConfidenceModel":
+        """Map a model over named features (evidence names, and ``"z"``) onto the evidence of a store of L levels.
+
+        Raises:
+            ValueError: for a model whose width is not ``len(model_features)``, or that lacks the ``z`` column.
+        """
+        names = list(model_features)
+        if "z" not in names or forest.n_features != len(names):
+            raise ValueError(f"the model must read {forest.n_features} named features including 'z', got {names!r}")
+        index = {n: i for i, n in enumerate(evidence_feature_names(L, evidence_z_grid))}
+        colmap = np.array([-2 if n == "z" else index.get(n, -1) for n in names], dtype=np.int32)
+        return cls(forest, colmap, np.ascontiguousarray(z_grid, dtype=np.float64), float(bar))
+
+    @property
+    def nodes(self) -> tuple:
+        """The forest's seven node arrays, in the kernel's order."""
+        f = self.forest
+        return (f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves)
 
 
 @dataclass(frozen=True, eq=False)
@@ -505,6 +547,8 @@ class LevelResult:
         scanned: documents scanned (allowed documents in the ranges).
         n_seeds: documents scored exactly to seed the threshold.
         D: coordinates per document (for :attr:`coordinate_share`).
+        features: (E,) float64 evidence features (:func:`fused_search` with ``features=True``), else None.
+        first_coordinates: multiply-adds of the first levels and the seeds (:func:`fused_search`), else None.
     """
 
     rows: np.ndarray
@@ -519,6 +563,8 @@ class LevelResult:
     scanned: int
     n_seeds: int
     D: int = field(default=0)
+    features: np.ndarray | None = None
+    first_coordinates: int | None = None
 
     @property
     def coordinate_share(self) -> float:
@@ -588,22 +634,17 @@ def _store_args(store: LevelStore, q: np.ndarray, allowed, ranges):
     return store.levels32, store.levels16, store._bounds, store.tail_norms, q, allowed, ranges, store.N
 
 
-def _up32(x) -> np.ndarray:
-    """Non-negative float64 values -> float32 no smaller than them (a relative margin of 2^-20 > 2^-24)."""
-    return (np.asarray(x, dtype=np.float64) * (1.0 + 2.0 ** -20)).astype(np.float32)
-
-
 def query_profile(store: LevelStore, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(||q[b_l:]||^2, sqrt(sum_{j >= b_l} q_j^2 E[d_j^2]))`` at every boundary, each (L + 1,) float64."""
-    q64 = q.astype(np.float64)
-    sq = q64 * q64
-    tail_sq = sq @ store._suffix
-    return tail_sq, np.sqrt(np.maximum((sq * store.second_moment) @ store._suffix, 0.0))
+    """``(||q[b_l:]||^2, sqrt(sum_{j >= b_l} q_j^2 E[d_j^2]))`` at every boundary, each (L + 1,) float64 (float64
+    sums from the last coordinate down, in the kernel: the fused search computes the same bits)."""
+    tail_sq, spread = np.empty(store.layout.L + 1), np.empty(store.layout.L + 1)
+    _kernel.query_profile(np.ascontiguousarray(q, np.float32), store.second_moment, store._bounds, tail_sq, spread)
+    return tail_sq, spread
 
 
 def begin(store: LevelStore, query, k: int, *, allowed=None, ranges=None, threads: int = 1,
           first_levels: int = 1, seeds: int | None = None, evidence: bool = True,
-          z_grid: Sequence[float] = (1.0, 2.0, 3.0, 4.0)) -> LevelState:
+          z_grid: Sequence[float] = EVIDENCE_Z_GRID) -> LevelState:
     """Scan the first level(s) of every candidate and seed the threshold (the first phase of :func:`search`).
 
     Args:
@@ -677,20 +718,14 @@ def bound_coefficients(store: LevelStore, tail_sq: np.ndarray, spread: np.ndarra
     Returns:
         (a, c, bb): each (L + 1,) float32, rounded up.
     """
-    qn = float(np.sqrt(tail_sq[0]))
-    slack = 2.0 * (store.D + 16) * _U32 * qn * store.max_norm * (1.0 + 2.0 ** -10)
-    L16 = store.layout.fp16_levels
-    if L16:  # the float16 rounding: |<q, d_hat - d>| <= ||q[:b16]|| * max_i ||d_hat_i - d_i||
-        slack += float(np.sqrt(max(tail_sq[0] - tail_sq[L16], 0.0))) * store.fp16_residual_max
-    out = np.empty((3, len(tail_sq)))
-    out[0] = np.sqrt(tail_sq)
-    out[1] = np.inf
-    out[2] = slack
-    if bound == "data_aware":
-        out[1] = z * spread
-    elif bound == "data_aware_doc":
-        np.minimum(out[0], z * spread * store._inv_rms_tail, out=out[0])
-    a, c, bb = _up32(out)
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+    n = len(tail_sq)
+    a, c, bb = np.empty(n, np.float32), np.empty(n, np.float32), np.empty(n, np.float32)
+    _kernel.bound_coefficients(np.ascontiguousarray(tail_sq, np.float64), np.ascontiguousarray(spread, np.float64),
+                               store._inv_rms_tail, store.layout.fp16_levels, store.D, store.max_norm,
+                               store.fp16_residual_max, BOUNDS.index(bound), float("nan") if z is None else float(z),
+                               a, c, bb)
     return a, c, bb
 
 
@@ -772,3 +807,76 @@ def search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float |
     state = begin(store, query, k, allowed=allowed, ranges=ranges, threads=threads, first_levels=first_levels,
                   seeds=seeds, evidence=False)
     return finish(state, bound=bound, z=z, stop_level=stop_level, rescore=rescore)
+
+
+def fused_search(store: LevelStore, query, k: int, *, bound: str = "exact", z: float | None = None,
+                 model: ConfidenceModel | None = None, allowed=None, ranges=None, threads: int = 1,
+                 first_levels: int | None = None, seeds: int | None = None, evidence_z_grid=EVIDENCE_Z_GRID,
+                 features: bool = False) -> LevelResult:
+    """One query in one compiled call: ``finish(begin(...))`` with the confidence chosen in between.
+
+    The serving form of :func:`begin` + a per-query confidence + :func:`finish`: the first level(s), the seeds, the
+    query profile, the evidence, the confidence (``model``, else ``z``), the bound and the pruning scan run in the
+    kernel without returning to Python, so a query pays one call's overhead.  Every quantity is computed by the
+    same compiled code as the two-call path (:func:`query_profile`, :meth:`LevelEvidence.feature_array`,
+    :func:`bound_coefficients`), so the result equals ``finish(begin(...), bound=bound, z=chosen)`` bit for bit
+    (``tests/unit/test_levels.py``).
+
+    Args:
+        store: the :class:`LevelStore`.
+        query: (D,) float, in the store's rotated basis, finite.
+        k: results wanted, >= 1.
+        bound: "exact" (certified), "data_aware" or "data_aware_doc".
+        z: the confidence of a data-aware bound when ``model`` is None (default 4.0).
+        model: a :class:`ConfidenceModel` choosing z per query from the evidence (data-aware bounds only).
+        allowed, ranges, threads, seeds: see :func:`begin`.
+        first_levels: levels scanned for every candidate (default: ``layout.exact_first_levels`` for the exact
+            bound, 1 for the data-aware bounds).
+        evidence_z_grid: the confidences of the survivor counts among the evidence.
+        features: also return the evidence features (``LevelResult.features``).
+
+    Returns:
+        :class:`LevelResult` with ``z`` the confidence used (None for the exact bound).
+
+    Raises:
+        ValueError: as :func:`begin` and :func:`finish`; a model with the exact bound; a malformed model.
+    """
+    q = _validate_query(store, query)
+    k = _validate_int(k, "k", 1)
+    threads = _validate_int(threads, "threads", 1, MAX_THREADS)
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+    layout = store.layout
+    if first_levels is None:
+        first_levels = layout.exact_first_levels if bound == "exact" else 1
+    n_first = _validate_int(first_levels, "first_levels", 1, layout.fp16_levels or layout.L)
+    n_seed = default_seeds(k) if seeds is None else _validate_int(seeds, "seeds", 0)
+    if bound == "exact":
+        if model is not None:
+            raise ValueError("the exact bound takes no confidence model")
+        z_used = float("nan")
+    else:
+        z_used = DEFAULT_Z if z is None else z
+        if isinstance(z_used, bool) or not isinstance(z_used, (int, float, np.floating, np.integer)) \
+                or not np.isfinite(z_used) or z_used < 0:
+            raise ValueError(f"z must be a finite number >= 0, got {z!r}")
+    allowed = _validate_allowed(store, allowed)
+    ranges = _validate_ranges(store, ranges)
+    ev_z = np.ascontiguousarray(evidence_z_grid, dtype=np.float64)
+    L = layout.L
+    rows = np.empty(k, dtype=np.int64)
+    scores = np.empty(k, dtype=np.float32)
+    alive = np.zeros(L, dtype=np.int64)
+    info = np.empty(6, dtype=np.float64)
+    feats = np.empty(len(_SCALAR_FEATURES) + 2 * (L + 1) + len(ev_z)) if features else None
+    if model is None:
+        nodes, colmap, zg, bar = None, None, None, 0.0
+    else:
+        nodes, colmap, zg, bar = model.nodes, model.colmap, model.z_grid, model.bar
+    n_out = _kernel.search(*_store_args(store, q, allowed, ranges), store.second_moment, store._inv_rms_tail,
+                           store.max_norm, store.fp16_residual_max, k, n_first, n_seed, threads, BOUNDS.index(bound),
+                           float(z_used), ev_z, nodes, colmap, zg, float(bar), rows, scores, alive, info, feats)
+    return LevelResult(rows=rows[:n_out], scores=scores[:n_out], coordinates=int(info[2]), alive_per_level=alive,
+                       certified=bound == "exact", bound=bound, z=None if bound == "exact" else float(info[0]),
+                       stop_level=L - 1, threshold_seed=float(info[1]), scanned=int(info[3]), n_seeds=int(info[4]),
+                       D=store.D, features=feats, first_coordinates=int(info[5]))

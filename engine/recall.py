@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adawidth import recall_policy
+from adawidth import levels, recall_policy
 from adawidth.forest import Forest
 
 
@@ -44,6 +44,7 @@ class RecallPolicy:
     forest: Forest | None = None
     _columns: dict = field(default_factory=dict)
     _template: np.ndarray | None = None
+    _models: dict = field(default_factory=dict)
 
     def __post_init__(self):
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
@@ -64,7 +65,11 @@ class RecallPolicy:
 
     def predict(self, evidence) -> np.ndarray:
         """(Z,) predicted recall@k of one query at every confidence of the grid (the rows of
-        :func:`adawidth.recall_policy.design`, built from a cached template: the serving path, once a query)."""
+        :func:`adawidth.recall_policy.design`, built from a cached template)."""
+        return self.forest.predict(self._rows(evidence))
+
+    def _rows(self, evidence) -> np.ndarray:
+        """(Z, F + 1) float64 model rows of one query: its evidence beside every z of the grid."""
         if hasattr(evidence, "feature_array"):  # adawidth.levels.LevelEvidence
             names, values = evidence.feature_names(self.k), evidence.feature_array(self.k)
         else:  # any evidence with a features(k) dict (engine.ann.AnnEvidence)
@@ -78,7 +83,7 @@ class RecallPolicy:
         values = np.append(values, np.nan)
         rows = self._template.copy()
         rows[:, :len(cached)] = values[cached]
-        return self.forest.predict(rows)
+        return rows
 
     def choose(self, evidence, target: float) -> tuple[str, float | None]:
         """(bound, z) for one query: ``("exact", None)`` at target 1, else the cheapest z predicted to clear the
@@ -89,6 +94,17 @@ class RecallPolicy:
         bar = self.bar(target)
         if bar is None:
             return "exact", None
-        pred = self.predict(evidence).tolist()  # recall_policy.choose for one query
-        j = next((i for i, p in enumerate(pred) if p >= bar), len(pred) - 1)
-        return self.bound, float(self.z_grid[j])
+        # recall_policy.choose for one query, scoring the grid's rows only up to the first that clears the bar
+        j = self.forest.first_at_least(self._rows(evidence), bar)
+        return self.bound, float(self.z_grid[j if j >= 0 else len(self.z_grid) - 1])
+
+    def confidence_model(self, target: float, L: int) -> levels.ConfidenceModel | None:
+        """:meth:`choose` compiled for :func:`adawidth.levels.fused_search` on a store of L levels (cached per
+        target): None where :meth:`choose` answers ``"exact"`` (target 1, or a target not even the safest z meets
+        on the calibration queries)."""
+        key = (float(target), int(L))
+        if key not in self._models:
+            bar = None if target >= 1.0 else self.bar(target)
+            self._models[key] = None if bar is None else levels.ConfidenceModel.for_model(
+                self.forest, [*self.feature_names, "z"], L, self.z_grid, bar)
+        return self._models[key]

@@ -6,14 +6,14 @@
 - ``funnel``: extend the blocked scan to the configuration's m1, keep its shortlist, rescore at its width.
 - ``recall`` on an ANN version: the ANN candidates rescored exactly at full width (float32 products of the
   mapped documents, :func:`engine.ann.exact_rerank`; C·D multiply-adds).
-- ``exact``, ``recall``: finish the level scan (prune level by level, rescore survivors in float32).
+- ``exact``, ``recall``: rank the level scan's survivors (pruned level by level and rescored in float32 inside
+  stage 1's compiled call).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from adawidth import levels
 from adawidth import stage1_policy
 from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
 from engine.ann import exact_rerank
@@ -68,10 +68,10 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out.work["rescore"] = int(len(rows) * version.dimension)
         out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=False)
         return out
-    if plan.policy in ("exact", "recall") and c.state is not None:  # finish the level scan
-        res = levels.finish(c.state, bound=c.trace["bound"], z=c.trace["confidence"])
+    if plan.policy in ("exact", "recall") and c.state is not None:  # the level scan's result (stage 1 ran it)
+        res = c.state
         out = c.ranked(res.rows, res.scores.astype(np.float64), version.dimension)
-        out.work["rescore"] = int(res.coordinates - c.state.coordinates)
+        out.work["rescore"] = int(res.coordinates - res.first_coordinates)
         out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=bool(res.certified),
                          alive_per_level=[int(x) for x in res.alive_per_level])
         return out

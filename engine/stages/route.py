@@ -6,7 +6,8 @@
 - ``funnel``: predict every configuration's top-10 agreement and take the cheapest that clears τ
   (:func:`adawidth.stage1_policy.choose_threshold`).
 - ``recall`` on an ANN version: nothing (stage 1 chose the effort before searching).
-- ``recall``: the version's recall policy picks the level-pruning confidence for the recall target.
+- ``recall``: record the level-pruning confidence the version's recall policy picked for the recall target
+  (inside stage 1's compiled call, :func:`adawidth.levels.fused_search`).
 - ``exact``, ``fixed``: nothing to decide.
 """
 
@@ -44,9 +45,7 @@ def route(plan: Plan, version, c: Candidates) -> Candidates:
                        shortlist=min(max(cfg.shortlist, plan.depth), N))
     elif plan.policy == "recall" and getattr(version, "ann", None) is not None:
         pass  # the ANN's effort was chosen in stage 1, before its search
-    elif plan.policy == "recall":
-        bound, z = version.recall_policy.choose(c.state.evidence, plan.recall_target)
-        c.trace.update(bound=bound, confidence=z)
-    elif plan.policy == "exact" and c.state is not None:
-        c.trace.update(bound="exact", confidence=None)
+    elif plan.policy in ("exact", "recall") and c.state is not None:
+        # the confidence was chosen inside stage 1's compiled call (adawidth.levels.fused_search)
+        c.trace.update(bound=c.state.bound, confidence=c.state.z)
     return c

@@ -11,10 +11,11 @@ By policy (:mod:`engine.plan`):
   candidates (``depth`` of them) at the effort (nprobe or efSearch) its tuning curve gives the recall target;
   a target it cannot meet (1.0, or above what its tuning queries reached) or a filter that allows too few
   documents is served by the exact path instead (:func:`ann_or_exact`; the trace's ``served_exact_because``).
-- ``exact``, ``recall``: the first level of the certified level scan (:func:`adawidth.levels.begin`) where
-  the version stores levels; else (versions built before levels), and for ``exact`` on fewer than
-  ``version.level_scan_min_docs`` documents (:data:`engine.index.LEVEL_SCAN_MIN_DOCS`), the exhaustive
-  full-width scan.
+- ``exact``, ``recall``: the whole level scan in one compiled call (:func:`adawidth.levels.fused_search`: the
+  first level(s), the seeds, the recall policy's confidence from the evidence, the pruning scan) where the version
+  stores levels; route and rescore then record and rank its result.  Versions built before levels, and ``exact``
+  on fewer than ``version.level_scan_min_docs`` documents (:data:`engine.index.LEVEL_SCAN_MIN_DOCS`), take the
+  exhaustive full-width scan.
 
 The allowed set (filter ∧ access policy ∧ quoted phrases, §20.2 of 003) is computed here once and applied
 before any top-k: stage 1 only ever sees allowed documents.
@@ -120,17 +121,19 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         c.trace.update(policy="exact", stage1_width=version.dimension, shortlist=N, certified=True)
         return c
     if plan.policy in ("exact", "recall"):
-        # the exact bound reads its measured number of leading levels for every document before it prunes
-        # (adawidth.levels.LevelLayout.exact_first_levels, as levels.search does); the recall policy's evidence
-        # (the z-grid survivor counts) is taken after the first level
-        exact = plan.policy == "exact"
-        state = levels.begin(version.levels, query, plan.depth, allowed=allowed, threads=version.level_threads,
-                             first_levels=version.levels.layout.exact_first_levels if exact else 1,
-                             evidence=not exact)
-        c.state = state
-        c.width = version.levels.layout.bounds[state.first_levels]
-        c.work["stage1"] = int(state.coordinates)
-        c.trace.update(policy=plan.policy, stage1_width=c.width, shortlist=int(state.scanned))
+        # one compiled call (adawidth.levels.fused_search): the first level(s) of every candidate, the seeds, the
+        # recall policy's evidence and confidence (route records it), the pruning scan (rescore ranks its result)
+        store = version.levels
+        model, bound = None, "exact"
+        if plan.policy == "recall":
+            model = version.recall_policy.confidence_model(float(plan.recall_target), store.layout.L)
+            bound = "exact" if model is None else version.recall_policy.bound
+        res = levels.fused_search(store, query, plan.depth, bound=bound, model=model, allowed=allowed,
+                                  threads=version.level_threads)
+        c.state = res
+        c.width = store.layout.bounds[store.layout.exact_first_levels if bound == "exact" else 1]
+        c.work["stage1"] = int(res.first_coordinates)
+        c.trace.update(policy=plan.policy, stage1_width=c.width, shortlist=int(res.scanned))
         return c
     if plan.policy == "funnel":
         fp = version.funnel_policy

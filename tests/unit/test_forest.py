@@ -38,3 +38,18 @@ def test_single_leaf_trees_and_bad_input():
         Forest.from_dump({"num_class": 3, "tree_info": []})
     with pytest.raises(ValueError):
         Forest.from_dump({"objective": "binary sigmoid:1", "tree_info": []})
+
+
+def test_first_at_least_is_the_first_row_whose_prediction_clears_the_bar():
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((400, 4))
+    booster = lgb.train({"objective": "regression", "verbose": -1, "num_leaves": 7, "deterministic": True,
+                         "num_threads": 1}, lgb.Dataset(X, X[:, 0] + 0.5 * X[:, 2]), 40)
+    forest = Forest.from_dump(booster.dump_model())
+    rows = np.sort(rng.standard_normal((12, 4)), axis=0)  # predictions rise down the rows
+    pred = forest.predict(rows)
+    for bar in (-10.0, *np.quantile(pred, [0.1, 0.5, 0.9]).tolist(), 10.0):
+        want = next((i for i, p in enumerate(pred) if p >= bar), -1)
+        assert forest.first_at_least(rows, bar) == want
+    with pytest.raises(ValueError):
+        forest.first_at_least(np.ones((2, 5)), 0.0)

@@ -530,3 +530,104 @@ def test_the_recall_policy_answers_a_search_that_allows_almost_nothing(allowed_r
     ev = begin(store, Q[45], 10, allowed=allowed).evidence
     f = ev.features(10)
     assert len(f) == len(table.feature_names) and (np.isnan(f["partial_last"]) == (not allowed_rows))
+
+
+# ------------------------------------------------------------------------------------------------ the fused search
+
+
+@pytest.fixture(scope="module")
+def real_policy(real):
+    """A recall policy fitted on 16 of the ``real`` corpus' queries (the other 8 are held out)."""
+    from engine.recall import RecallPolicy
+    from trainer.recall_fit import fit_recall_policy, recall_table
+
+    X, Q = real
+    store = LevelStore.build(X)
+    table = recall_table(store, Q[:16], k=10, bound="data_aware_doc")
+    booster, oof = fit_recall_policy(table)
+    return store, RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall, k=10)
+
+
+@pytest.mark.parametrize("target", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_search_is_begin_choose_finish_bit_for_bit(real, real_policy, target, threads):
+    """One compiled call gives what the two-call path gives with the policy's choice in between: the same z, rows,
+    scores, work, survivors per level and evidence features, to the last bit (the kernel computes the query
+    profile, the features and the bound for both).  With several threads the first pass, the evidence and the
+    choice are still the same bits; the pruning scan shares its rising threshold between threads, so a data-aware
+    bound may keep other near-threshold rows from run to run (as two finish calls may)."""
+    X, Q = real
+    store, policy = real_policy
+    model = policy.confidence_model(target, store.layout.L)
+    assert model is not None
+    chosen = set()
+    for q in Q:
+        state = begin(store, q, 10, threads=threads)
+        bound, z = policy.choose(state.evidence, target)
+        two = finish(state, bound=bound, z=z)
+        one = lv.fused_search(store, q, 10, bound=bound, model=model, threads=threads, features=True)
+        assert one.z == two.z == z and one.bound == bound and one.threshold_seed == two.threshold_seed
+        np.testing.assert_array_equal(one.features, state.evidence.feature_array(10))
+        if threads == 1:
+            assert same_result(one, two)
+        assert one.first_coordinates == state.coordinates and one.certified is False
+        chosen.add(z)
+    assert chosen <= set(policy.z_grid.tolist())
+
+
+@pytest.mark.parametrize("layout", GRID_LAYOUTS, ids=lambda l: f"{l.widths}-fp16x{l.fp16_levels}")
+def test_fused_search_at_a_fixed_confidence_and_exact_equals_the_reference(grid, layout):
+    X, Q = grid
+    store = LevelStore.build(X, layout)
+    for q in Q[:3]:
+        for bound, z in (("exact", None), ("data_aware", 2.0), ("data_aware_doc", 1.5)):
+            one = lv.fused_search(store, q, 10, bound=bound, z=z)
+            assert same_result(one, search(store, q, 10, bound=bound, z=z))
+            assert same_result(one, reference_search(store, q, 10, bound=bound, z=z))
+            assert one.certified == (bound == "exact") and one.z == z
+
+
+def test_fused_search_masks_ranges_and_small_allowed_sets(real, real_policy):
+    X, Q = real
+    store, policy = real_policy
+    model = policy.confidence_model(0.99, store.layout.L)
+    rng = np.random.default_rng(3)
+    allowed = rng.random(len(X)) < 0.3
+    ranges = np.array([[100, 2000], [3000, 5990]])
+    for kwargs in ({"allowed": allowed}, {"ranges": ranges}, {"allowed": allowed, "ranges": ranges}):
+        res = lv.fused_search(store, Q[20], 10, **kwargs)
+        assert_exhaustive(res, X, Q[20], 10, kwargs.get("allowed"), kwargs.get("ranges"))
+        res = lv.fused_search(store, Q[20], 10, bound="data_aware_doc", model=model, **kwargs)
+        two = begin(store, Q[20], 10, **kwargs)
+        assert same_result(res, finish(two, **dict(zip(("bound", "z"), policy.choose(two.evidence, 0.99)))))
+    for rows in ([], [7]):  # no seeds: NaN evidence, and the allowed rows come back
+        only = np.zeros(len(X), bool)
+        only[rows] = True
+        res = lv.fused_search(store, Q[20], 10, bound="data_aware_doc", model=model, allowed=only, features=True)
+        assert res.rows.tolist() == rows and np.isnan(res.features[0])
+
+
+def test_fused_search_rejects_bad_arguments(real, real_policy):
+    X, Q = real
+    store, policy = real_policy
+    model = policy.confidence_model(0.99, store.layout.L)
+    with pytest.raises(ValueError, match="exact bound takes no confidence model"):
+        lv.fused_search(store, Q[0], 10, model=model)
+    with pytest.raises(ValueError, match="z must be"):
+        lv.fused_search(store, Q[0], 10, bound="data_aware", z=float("nan"))
+    with pytest.raises(ValueError, match="bound must be"):
+        lv.fused_search(store, Q[0], 10, bound="cosine")
+    with pytest.raises(ValueError, match="query"):
+        lv.fused_search(store, Q[0][:10], 10)
+    broken = lv.ConfidenceModel(model.forest, np.full_like(model.colmap, 10_000), model.z_grid, model.bar)
+    with pytest.raises(ValueError, match="colmap"):
+        lv.fused_search(store, Q[0], 10, bound="data_aware_doc", model=broken)
+    f = model.forest
+    bad_forest = type(f)(f.feature, f.threshold, f.left, f.right, f.flags, f.roots + 10**6, f.leaves, f.n_features,
+                         f.feature_names)
+    with pytest.raises(ValueError, match="malformed forest"):
+        lv.fused_search(store, Q[0], 10, bound="data_aware_doc",
+                        model=lv.ConfidenceModel(bad_forest, model.colmap, model.z_grid, model.bar))
+    with pytest.raises(ValueError, match="'z'"):
+        lv.ConfidenceModel.for_model(f, list(policy.feature_names) + ["not_z"], store.layout.L, policy.z_grid, 0.9)
+    assert policy.confidence_model(1.0, store.layout.L) is None  # target 1: the exact bound serves
