@@ -136,7 +136,8 @@ class Trace:
     """ANN backends: the effort used (nprobe or efSearch, see ``effort_name``)."""
     effort_name: str | None = None
     effort_per_query: bool | None = None
-    """ANN backends: True when a per-query model chose the effort from a probe search."""
+    """Policy 'recall': True when a per-query model chose the effort (ANN: from a probe search; the level scan: the
+    confidence from the first level's evidence), False for the target's one tuned effort."""
     probe_coordinates: int | None = None
     """ANN backends: multiply-adds of that probe (included in ``coordinates_scored``)."""
     served_exact_because: str | None = None

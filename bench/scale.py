@@ -63,6 +63,7 @@ Usage (run alone on the machine; it pins BLAS/OpenMP threads itself)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -75,7 +76,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from adawidth import levels, recall_policy  # noqa: E402
+from adawidth import levels  # noqa: E402
 from adawidth.metrics import ndcg_at_k  # noqa: E402
 from adawidth.rotation import pca_rotation  # noqa: E402
 from adawidth.synthetic import fit_gaussian, sample_corpus  # noqa: E402
@@ -303,7 +304,8 @@ def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarr
     t = time.perf_counter()
     table = recall_table(store, Q_rot_train, k=K, bound="data_aware_doc")
     booster, oof = fit_recall_policy(table)
-    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall, k=K)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall,
+                          table.coordinates, k=K)
     fit_s = time.perf_counter() - t
     report = calibration_report(table, oof, TARGETS)
     version = IndexVersion.in_memory(X_rot, R, doc_ids, levels=store, recall_policy=policy)
@@ -321,39 +323,29 @@ def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarr
     out = [Method("ours_exact", make(SearchSpec("q", k=K, width="full")), store.nbytes, store_build,
                   {"layout": list(store.layout.bounds), "fp16_levels": store.layout.fp16_levels}, set_threads)]
     for tgt in TARGETS:
+        bound, model, z = policy.serving(tgt, store.layout.L)
+        served = {"served": "exact" if bound == "exact" else ("per-query model" if model is not None else
+                                                              f"one calibrated z = {z:g}"),
+                  "model_saving": policy.model_saving(tgt)}
         out.append(Method(f"ours_recall_{tgt:g}", make(SearchSpec("q", k=K, recall_target=tgt)), store.nbytes,
                           store_build + fit_s, {"bound": "data_aware_doc", "calibration": report[str(tgt)],
-                                                "calibration_queries": len(Q_rot_train)}, set_threads))
+                                                "calibration_queries": len(Q_rot_train), **served}, set_threads))
     ctx = {"version": version, "policy": policy, "table": table, "store": store, "build_s": store_build,
            "fit_s": fit_s, "pipe": pipe}
     return out, report, ctx
 
 
-class FixedConfidence:
-    """Policy ``recall`` at one confidence per target for every query: our *fixed effort* on the level scan
-    (issue 19's comparison), the smallest z of the grid whose mean realised recall@10 on the training queries
-    meets the target plus the per-query policy's safety margin (the same bar, no per-query model)."""
-
-    def __init__(self, policy: RecallPolicy, table):
-        self.policy, self.mean = policy, np.asarray(table.recall, np.float64).mean(axis=0)
-
-    def z_for(self, target: float) -> float | None:
-        goal = min(target + recall_policy.safety_margin(target, self.policy.margin_share), 1.0)
-        j = next((j for j, r in enumerate(self.mean) if r >= goal), None)
-        return None if j is None else float(self.policy.z_grid[j])
-
-    def choose(self, evidence, target: float):
-        z = self.z_for(target) if target < 1.0 else None
-        return ("exact", None) if z is None else (self.policy.bound, z)
-
-
 def level_ann_family(levels_ctx: dict, X_rot: np.ndarray, R: np.ndarray, E: dict, doc_ids) -> list[Method]:
     """Issue 19's ``ours_*`` rows served by the level scan (what ``--ann auto`` keeps when it times faster than
-    the ANN): ``ours_recall_<t>`` (the per-query confidence) and ``ours_fixed_r<t>`` (:class:`FixedConfidence`)."""
-    store, policy, pipe = levels_ctx["store"], levels_ctx["policy"], levels_ctx["pipe"]
-    fixed = FixedConfidence(policy, levels_ctx["table"])
+    the ANN): ``ours_recall_<t>`` (the per-query confidence model, always: ``serve="model"``) and
+    ``ours_fixed_r<t>`` (our fixed effort: one confidence for every query, the smallest z of the grid whose mean
+    training recall meets the target plus the policy's margin, :meth:`engine.recall.RecallPolicy.fixed_z`;
+    ``serve="fixed"``).  The served default (``ours_recall_<t>`` of the base family) picks between the two per
+    target by measurement (``serve="measured"``)."""
+    store, served, pipe = levels_ctx["store"], levels_ctx["policy"], levels_ctx["pipe"]
+    fixed, per_query = dataclasses.replace(served, serve="fixed"), dataclasses.replace(served, serve="model")
     out = []
-    for prefix, pol in (("ours_fixed_r", fixed), ("ours_recall_", policy)):
+    for prefix, pol in (("ours_fixed_r", fixed), ("ours_recall_", per_query)):
         version = IndexVersion.in_memory(X_rot, R, doc_ids, levels=store, recall_policy=pol)
         for tgt in ANN_TARGETS:
             spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
@@ -365,9 +357,9 @@ def level_ann_family(levels_ctx: dict, X_rot: np.ndarray, R: np.ndarray, E: dict
             def set_threads(tn, version=version):
                 version.level_threads = tn
 
-            extra = {"z": fixed.z_for(tgt)} if pol is fixed else {"bar": policy.bar(tgt)}
+            extra = {"z": pol.fixed_z(tgt)} if pol is fixed else {"bar": pol.bar(tgt)}
             out.append(Method(f"{prefix}{tgt:g}", run, store.nbytes, levels_ctx["build_s"] + levels_ctx["fit_s"],
-                              {"backend": "flat (level scan)", "per_query_effort": pol is policy, **extra,
+                              {"backend": "flat (level scan)", "per_query_effort": pol is per_query, **extra,
                                "tuning_queries": int(levels_ctx["table"].recall.shape[0])}, set_threads))
     return out
 

@@ -203,8 +203,8 @@ class IndexVersion:
             if rp is not None:
                 s = rp.section
                 version.recall_policy = RecallPolicy(rp.booster, list(s.feature_names), np.asarray(s.z_grid), s.bound,
-                                                     rp.calibration_pred, rp.calibration_recall, k=s.k,
-                                                     margin_share=s.margin_share)
+                                                     rp.calibration_pred, rp.calibration_recall,
+                                                     rp.calibration_coordinates, k=s.k, margin_share=s.margin_share)
             got = files.read_ann(path, manifest)
             if got is not None:
                 a = manifest.ann

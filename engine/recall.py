@@ -1,7 +1,12 @@
-"""The served recall policy of a version: per query, the level-pruning confidence for a declared recall@k.
+"""The served recall policy of a version: the level-pruning confidence for a declared recall@k.
 
-Holds the LightGBM model the trainer fitted (:mod:`trainer.recall_fit`) and its out-of-fold calibration data,
-and answers :meth:`RecallPolicy.choose` for the route stage.  The maths is :mod:`adawidth.recall_policy`.
+Holds the LightGBM model the trainer fitted (:mod:`trainer.recall_fit`) and its out-of-fold calibration data.
+Per target it serves, by measurement on the calibration queries (:meth:`RecallPolicy.serving`), either the
+**per-query** confidence (the model reads each query's evidence; :meth:`RecallPolicy.choose`) or **one
+calibrated** confidence for every query (the smallest z of the grid whose mean calibration recall meets the
+target plus the margin): the model only where its out-of-fold choices save at least
+:data:`MODEL_MIN_SAVING` of the work of that one z, since evaluating it costs time of its own.  The maths is
+:mod:`adawidth.recall_policy`.
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ class RecallPolicy:
         bound: the level scan's probabilistic bound (``data_aware`` or ``data_aware_doc``).
         calibration_pred: (Qc, Z) out-of-fold predictions of the calibration queries.
         calibration_recall: (Qc, Z) their realised recall@k at each confidence.
+        calibration_coordinates: (Qc, Z) multiply-adds of each calibration run, or None (versions built before
+            it was kept: they serve the per-query model at every target).
         k: the k the policy was calibrated at (recall@k).
         margin_share: the share of a target's miss budget (1 - target) added to it before calibrating its bar
             (:func:`adawidth.recall_policy.safety_margin`).
+        serve: ``"measured"`` (default: per target, the per-query model or the one calibrated z, whichever
+            :meth:`serving` measures cheaper), ``"model"`` (always the per-query model) or ``"fixed"`` (always the
+            one calibrated z): the last two for comparisons (``bench/scale.py``).
     """
 
     booster: object
@@ -37,16 +47,20 @@ class RecallPolicy:
     bound: str
     calibration_pred: np.ndarray
     calibration_recall: np.ndarray
+    calibration_coordinates: np.ndarray | None = None
     k: int = 10
     margin_share: float = 0.25
+    serve: str = "measured"
     lock: threading.Lock = field(default_factory=threading.Lock)
     _bars: dict = field(default_factory=dict)
     forest: Forest | None = None
     _columns: dict = field(default_factory=dict)
     _template: np.ndarray | None = None
-    _models: dict = field(default_factory=dict)
+    _serving: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.serve not in ("measured", "model", "fixed"):
+            raise ValueError(f"serve must be 'measured', 'model' or 'fixed', got {self.serve!r}")
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
         # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
         self.forest = Forest.from_dump(self.booster.dump_model())
@@ -99,12 +113,62 @@ class RecallPolicy:
         return self.bound, float(self.z_grid[j if j >= 0 else len(self.z_grid) - 1])
 
     def confidence_model(self, target: float, L: int) -> levels.ConfidenceModel | None:
-        """:meth:`choose` compiled for :func:`adawidth.levels.fused_search` on a store of L levels (cached per
-        target): None where :meth:`choose` answers ``"exact"`` (target 1, or a target not even the safest z meets
-        on the calibration queries)."""
+        """:meth:`choose` compiled for :func:`adawidth.levels.fused_search` on a store of L levels: None where
+        :meth:`choose` answers ``"exact"``."""
+        bar = None if target >= 1.0 else self.bar(target)
+        if bar is None:
+            return None
+        return levels.ConfidenceModel.for_model(self.forest, [*self.feature_names, "z"], L, self.z_grid, bar)
+
+    def fixed_z(self, target: float) -> float | None:
+        """The one calibrated confidence for ``target``: the smallest z of the grid whose mean calibration recall
+        meets target + margin (None when none does)."""
+        goal = min(target + recall_policy.safety_margin(target, self.margin_share), 1.0)
+        mean = np.asarray(self.calibration_recall, np.float64).mean(axis=0)
+        j = np.flatnonzero(mean >= goal - 1e-12)
+        return float(self.z_grid[j[0]]) if len(j) else None
+
+    def model_saving(self, target: float) -> float | None:
+        """The share of the one calibrated z's mean work (multiply-adds) that the per-query choices save on the
+        calibration queries (out-of-fold predictions; negative when they cost more), or None when it cannot be
+        told (no calibration work kept, or no fixed z or bar for the target)."""
+        bar, z = self.bar(target), self.fixed_z(target)
+        if self.calibration_coordinates is None or bar is None or z is None:
+            return None
+        work = np.asarray(self.calibration_coordinates, np.float64)
+        pick = recall_policy.choose(self.calibration_pred, bar)
+        fixed = work[:, int(np.flatnonzero(self.z_grid == z)[0])].mean()
+        return float(1.0 - work[np.arange(len(work)), pick].mean() / max(fixed, 1.0))
+
+    def serving(self, target: float, L: int) -> tuple[str, levels.ConfidenceModel | None, float | None]:
+        """How :func:`adawidth.levels.fused_search` serves ``target`` on a store of L levels (cached per target):
+        ``(bound, model, z)``.
+
+        ``("exact", None, None)`` where :meth:`choose` answers exact (target 1, or not even the safest z meets the
+        target on the calibration queries); ``(bound, ConfidenceModel, None)`` for the per-query model when it
+        saves at least :data:`MODEL_MIN_SAVING` of the work (:meth:`model_saving`), or when that cannot be told;
+        else ``(bound, None, z)`` with the one calibrated z (:meth:`fixed_z`).  ``serve`` other than
+        ``"measured"`` forces one of the two.
+        """
         key = (float(target), int(L))
-        if key not in self._models:
+        out = self._serving.get(key)
+        if out is None:
             bar = None if target >= 1.0 else self.bar(target)
-            self._models[key] = None if bar is None else levels.ConfidenceModel.for_model(
-                self.forest, [*self.feature_names, "z"], L, self.z_grid, bar)
-        return self._models[key]
+            if bar is None:
+                out = ("exact", None, None)
+            else:
+                saving = self.model_saving(target)
+                fixed = self.serve == "fixed" or (self.serve == "measured" and saving is not None
+                                                  and saving < MODEL_MIN_SAVING)
+                if fixed and self.fixed_z(target) is not None:
+                    out = (self.bound, None, self.fixed_z(target))
+                else:
+                    out = (self.bound, self.confidence_model(target, L), None)
+            self._serving[key] = out
+        return out
+
+
+MODEL_MIN_SAVING = 0.05
+"""The per-query model serves a target only when its calibration choices save at least this share of the work of
+the one calibrated confidence: evaluating it (about 20-30 us a query, two hundred trees over about ten rows) must
+pay for itself.  On SciFact and debdocs it did not (docs/SCALING.md), so one calibrated z serves there."""

@@ -109,9 +109,11 @@ class Trace(BaseModel):
                                        "ivf_panorama, hnsw_panorama; issue 19), or faiss / milvus (prefix shortlist).")
     effort: int | None = Field(None, description="ANN backends: the per-query effort used (nprobe or efSearch).")
     effort_name: str | None = Field(None, description="ANN backends: 'nprobe' or 'efSearch'.")
-    effort_per_query: bool | None = Field(None, description="ANN backends: True when a per-query model chose the "
-                                          "effort from a probe search (engine.ann.probe), False for the "
-                                          "target's one tuned effort.")
+    effort_per_query: bool | None = Field(None, description="Policy 'recall': True when a per-query model chose "
+                                          "the effort (ANN backends: nprobe or efSearch from a probe search, "
+                                          "engine.ann.probe; the level scan: the confidence from the first level's "
+                                          "evidence), False for the target's one tuned effort (the level scan "
+                                          "serves it where the model saves too little work, engine.recall).")
     probe_coordinates: int | None = Field(None, description="ANN backends: multiply-adds of the probe search "
                                           "(0 without a per-query model), included in coordinates_scored.")
     served_exact_because: str | None = Field(None, description="Set when a 'recall' request on an ANN version was "

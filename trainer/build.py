@@ -621,7 +621,8 @@ def _levels_and_recall(ctx: BuildContext) -> None:
                    if k not in ("file", "calibration_file", "calibration_queries")}
         # the base's loaded policy as it is (booster, calibration, compiled forest): nothing is read or compiled
         ctx.recall = {"booster": loaded.booster, "oof": loaded.calibration_pred,
-                      "table": _ReusedTable(loaded.calibration_recall), "section": section, "loaded": loaded}
+                      "table": _ReusedTable(loaded.calibration_recall, loaded.calibration_coordinates),
+                      "section": section, "loaded": loaded}
         return
     with ctx.timer("recall policy"):
         if ctx.has_train:
@@ -701,7 +702,8 @@ def _measure_backends(ctx: BuildContext) -> None:
     target = PlanDefaults().default_recall_target
     sec = r["section"]
     policy = r.get("loaded") or RecallPolicy(r["booster"], sec["feature_names"], np.asarray(sec["z_grid"]), sec["bound"],
-                                             r["oof"], r["table"].recall, k=sec["k"], margin_share=sec["margin_share"])
+                                             r["oof"], r["table"].recall, r["table"].coordinates, k=sec["k"],
+                                             margin_share=sec["margin_share"])
     versions = {
         "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
         b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=AnnStage1(
@@ -749,8 +751,8 @@ def served_version(ctx: BuildContext) -> IndexVersion:
         recall = r.get("loaded")  # a fold: the base's policy as loaded
         if recall is None:
             recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
-                                  sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall, k=sec["k"],
-                                  margin_share=sec["margin_share"])
+                                  sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall,
+                                  r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"])
     a = None
     if ctx.ann is not None:
         a = AnnStage1(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"], ctx.ann["section"]["margin_share"],
@@ -929,7 +931,7 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
     if ctx.recall is not None:
         r = ctx.recall
         recall_writers, recall_section = files.recall_policy_files(r["booster"], r["oof"], r["table"].recall,
-                                                                   **r["section"])
+                                                                   r["table"].coordinates, **r["section"])
         writers.update(recall_writers)
     ann_section = None
     if ctx.ann is not None:
@@ -1106,9 +1108,11 @@ class _ReusedRouter:
 
 @dataclass
 class _ReusedTable:
-    """A base version's recall calibration in the shape the writers read (``recall``: (Q, Z) realised)."""
+    """A base version's recall calibration in the shape the writers read (``recall``: (Q, Z) realised;
+    ``coordinates``: (Q, Z) multiply-adds, None for a base written before they were kept)."""
 
     recall: np.ndarray
+    coordinates: np.ndarray | None = None
 
 
 def _fit_tier_head(opts: BuildOptions, settings, encoder, X: np.ndarray, col: Collection, train: QuerySet,

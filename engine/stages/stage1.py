@@ -124,11 +124,11 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         # one compiled call (adawidth.levels.fused_search): the first level(s) of every candidate, the seeds, the
         # recall policy's evidence and confidence (route records it), the pruning scan (rescore ranks its result)
         store = version.levels
-        model, bound = None, "exact"
-        if plan.policy == "recall":
-            model = version.recall_policy.confidence_model(float(plan.recall_target), store.layout.L)
-            bound = "exact" if model is None else version.recall_policy.bound
-        res = levels.fused_search(store, query, plan.depth, bound=bound, model=model, allowed=allowed,
+        bound, model, z = "exact", None, None
+        if plan.policy == "recall":  # the per-query model or the target's one calibrated z, as measured
+            bound, model, z = version.recall_policy.serving(float(plan.recall_target), store.layout.L)
+            c.trace["effort_per_query"] = model is not None if bound != "exact" else None
+        res = levels.fused_search(store, query, plan.depth, bound=bound, model=model, z=z, allowed=allowed,
                                   threads=version.level_threads)
         c.state = res
         c.width = store.layout.bounds[store.layout.exact_first_levels if bound == "exact" else 1]

@@ -345,9 +345,16 @@ def read_levels(path: Path, m: Manifest) -> LevelStore | None:
 
 
 def recall_policy_files(booster: lgb.Booster, calibration_pred: np.ndarray, calibration_recall: np.ndarray,
-                        **section) -> tuple[Files, RecallPolicySection]:
-    """Writers of the recall policy's model and out-of-fold calibration, (Q, Z) float64 each, and its section."""
-    cal = np.stack([np.asarray(calibration_pred, np.float64), np.asarray(calibration_recall, np.float64)])
+                        calibration_coordinates: np.ndarray | None = None, **section) -> tuple[Files, RecallPolicySection]:
+    """Writers of the recall policy's model and out-of-fold calibration, and its section.
+
+    The calibration file holds (2, Q, Z) float64 (predictions, realised recall@k), or (3, Q, Z) with each run's
+    multiply-adds as well (what :meth:`engine.recall.RecallPolicy.serving` weighs the per-query model against
+    one calibrated confidence with).
+    """
+    parts = [calibration_pred, calibration_recall] + ([] if calibration_coordinates is None
+                                                      else [calibration_coordinates])
+    cal = np.stack([np.asarray(a, np.float64) for a in parts])
     sec = RecallPolicySection(file=RECALL_POLICY_FILE, calibration_file=RECALL_CALIBRATION_FILE,
                               calibration_queries=int(cal.shape[1]), **section)
     return {RECALL_POLICY_FILE: lambda p: booster.save_model(str(p)), RECALL_CALIBRATION_FILE: _npy_writer(cal)}, sec
@@ -355,12 +362,14 @@ def recall_policy_files(booster: lgb.Booster, calibration_pred: np.ndarray, cali
 
 @dataclass(frozen=True)
 class RecallPolicyFile:
-    """A loaded recall policy: the model, its section, the (Q, Z) calibration predictions and recalls."""
+    """A loaded recall policy: the model, its section, the (Q, Z) calibration predictions, recalls and multiply-adds
+    (None for a version written before they were kept)."""
 
     booster: lgb.Booster
     section: RecallPolicySection
     calibration_pred: np.ndarray
     calibration_recall: np.ndarray
+    calibration_coordinates: np.ndarray | None = None
 
 
 def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
@@ -377,9 +386,10 @@ def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
     if booster.feature_name() != list(sec.feature_names) + ["z"]:
         raise IndexVersionError("schema", f"{sec.file} feature names differ from the manifest's")
     cal = np.load(path / sec.calibration_file)
-    if cal.ndim != 3 or cal.shape[0] != 2 or cal.shape[2] != len(sec.z_grid):
-        raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not (2, Q, {len(sec.z_grid)})")
-    return RecallPolicyFile(booster, sec, cal[0], cal[1])
+    if cal.ndim != 3 or cal.shape[0] not in (2, 3) or cal.shape[2] != len(sec.z_grid):
+        raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not (2 or 3, Q, "
+                                          f"{len(sec.z_grid)})")
+    return RecallPolicyFile(booster, sec, cal[0], cal[1], cal[2] if cal.shape[0] == 3 else None)
 
 
 # -- the ANN first stage (schema 4) --------------------------------------------------------------------------------

@@ -229,7 +229,8 @@ class RecallPolicySection(_Section):
     """Policy ``recall``: the LightGBM model of recall@k per confidence and its out-of-fold calibration."""
 
     file: str = Field(description="LightGBM text model over feature_names + ['z'].")
-    calibration_file: str = Field(description="(2, Q, Z) float64: out-of-fold predictions, realised recall@k.")
+    calibration_file: str = Field(description="(2, Q, Z) float64: out-of-fold predictions, realised recall@k; "
+                                              "(3, Q, Z) with each run's multiply-adds too.")
     feature_names: list[str]
     z_grid: list[float]
     bound: str = Field(description="The level scan's probabilistic bound (data_aware or data_aware_doc).")
