@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from adawidth.blocked import BlockedCorpus
+from adawidth.levels import legacy_seeds
 from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
 from engine.recall import RecallPolicy
@@ -204,7 +205,8 @@ class IndexVersion:
                 s = rp.section
                 version.recall_policy = RecallPolicy(rp.booster, list(s.feature_names), np.asarray(s.z_grid), s.bound,
                                                      rp.calibration_pred, rp.calibration_recall,
-                                                     rp.calibration_coordinates, k=s.k, margin_share=s.margin_share)
+                                                     rp.calibration_coordinates, k=s.k, margin_share=s.margin_share,
+                                                     seeds=s.seeds if s.seeds is not None else legacy_seeds(s.k))
             got = files.read_ann(path, manifest)
             if got is not None:
                 a = manifest.ann

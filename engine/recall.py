@@ -36,6 +36,8 @@ class RecallPolicy:
         k: the k the policy was calibrated at (recall@k).
         margin_share: the share of a target's miss budget (1 - target) added to it before calibrating its bar
             (:func:`adawidth.recall_policy.safety_margin`).
+        seeds: documents exactly scored after the first level, as the calibration's evidence was computed
+            (None: :func:`adawidth.levels.default_seeds` of k).
         serve: ``"measured"`` (default: per target, the per-query model or the one calibrated z, whichever
             :meth:`serving` measures cheaper), ``"model"`` (always the per-query model) or ``"fixed"`` (always the
             one calibrated z): the last two for comparisons (``bench/scale.py``).
@@ -50,6 +52,7 @@ class RecallPolicy:
     calibration_coordinates: np.ndarray | None = None
     k: int = 10
     margin_share: float = 0.25
+    seeds: int | None = None
     serve: str = "measured"
     lock: threading.Lock = field(default_factory=threading.Lock)
     _bars: dict = field(default_factory=dict)
@@ -61,6 +64,8 @@ class RecallPolicy:
     def __post_init__(self):
         if self.serve not in ("measured", "model", "fixed"):
             raise ValueError(f"serve must be 'measured', 'model' or 'fixed', got {self.serve!r}")
+        if self.seeds is None:
+            self.seeds = levels.default_seeds(self.k)
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
         # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
         self.forest = Forest.from_dump(self.booster.dump_model())

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from adawidth import stage1_policy
-from adawidth.levels import LevelLayout, LevelStore
+from adawidth.levels import LevelLayout, LevelStore, default_seeds
 from adawidth.pseudo_queries import pseudo_queries
 from adawidth.blocked import BlockedCorpus
 from adawidth.capacity import CapacityOptions, capacity_report
@@ -642,7 +642,7 @@ def _levels_and_recall(ctx: BuildContext) -> None:
         booster, oof = fit_recall_policy(table, seed=opts.seed)
         ctx.recall = {"booster": booster, "oof": oof, "table": table,
                       "section": {"feature_names": list(table.feature_names), "z_grid": [float(z) for z in table.z_grid],
-                                  "bound": opts.recall_bound, "k": 10,
+                                  "bound": opts.recall_bound, "k": 10, "seeds": default_seeds(10),
                                   # pseudo-queries are not the users' queries: half the miss budget as margin
                                   # (a quarter on real training queries; H4's SciFact measurement, FINDINGS)
                                   "margin_share": 0.25 if pseudo is None else 0.5,
@@ -703,7 +703,7 @@ def _measure_backends(ctx: BuildContext) -> None:
     sec = r["section"]
     policy = r.get("loaded") or RecallPolicy(r["booster"], sec["feature_names"], np.asarray(sec["z_grid"]), sec["bound"],
                                              r["oof"], r["table"].recall, r["table"].coordinates, k=sec["k"],
-                                             margin_share=sec["margin_share"])
+                                             margin_share=sec["margin_share"], seeds=sec.get("seeds"))
     versions = {
         "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
         b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=AnnStage1(
@@ -752,7 +752,8 @@ def served_version(ctx: BuildContext) -> IndexVersion:
         if recall is None:
             recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
                                   sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall,
-                                  r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"])
+                                  r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"],
+                                  seeds=sec.get("seeds"))
     a = None
     if ctx.ann is not None:
         a = AnnStage1(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"], ctx.ann["section"]["margin_share"],

@@ -124,12 +124,14 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         # one compiled call (adawidth.levels.fused_search): the first level(s) of every candidate, the seeds, the
         # recall policy's evidence and confidence (route records it), the pruning scan (rescore ranks its result)
         store = version.levels
-        bound, model, z = "exact", None, None
+        bound, model, z, seeds = "exact", None, None, None
         if plan.policy == "recall":  # the per-query model or the target's one calibrated z, as measured
-            bound, model, z = version.recall_policy.serving(float(plan.recall_target), store.layout.L)
+            rp = version.recall_policy
+            bound, model, z = rp.serving(float(plan.recall_target), store.layout.L)
+            seeds = rp.seeds  # as the policy was calibrated (its evidence and its realised recall)
             c.trace["effort_per_query"] = model is not None if bound != "exact" else None
         res = levels.fused_search(store, query, plan.depth, bound=bound, model=model, z=z, allowed=allowed,
-                                  threads=version.level_threads)
+                                  threads=version.level_threads, seeds=seeds)
         c.state = res
         c.width = store.layout.bounds[store.layout.exact_first_levels if bound == "exact" else 1]
         c.work["stage1"] = int(res.first_coordinates)

@@ -239,6 +239,9 @@ class RecallPolicySection(_Section):
     calibration_source: str = Field(description="What the calibration queries were: 'train' (the training "
                                                 "split's queries) or 'pseudo:<kind>' (drawn from the corpus).")
     calibration_queries: int = 0
+    seeds: int | None = Field(None, description="Documents exactly scored after the first level to seed the "
+                                                "threshold, as the evidence was computed (null: written before it "
+                                                "was recorded, max(4 k, 32)).")
 
 
 class WritesSection(_Section):
