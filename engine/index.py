@@ -72,15 +72,16 @@ class FunnelPolicy:
             return self.booster.predict(rows)
 
 
-LEVEL_SCAN_MIN_DOCS = 10_000
+LEVEL_SCAN_MIN_DOCS = 5_000
 """Documents from which width ``full`` is served by the certified level scan rather than one flat scan.
 
 Both return exactly the exhaustive top-k; below this size the level scan's fixed costs (seeding, bounds,
-heaps) outweigh the coordinates it skips.  Measured one query at a time, one thread, CPU µs per query of a
-flat scan (matrix-vector product + :func:`adawidth.prefix.top_k`) against :func:`adawidth.levels.search`
-(exact): SciFact (5,183 documents, PCA) 90-95 vs 102-106; Gaussian corpora with SciFact's spectrum, 6,000:
-117 vs 127, 8,000: 144 vs 151, 10,000: 246 vs 177, 20,000: 1,043 vs 308, 50,000: 2,889 vs 951.  Gateways
-set it with ``ADAWIDTH_LEVEL_SCAN_MIN_DOCS`` (0: always the level scan).
+heaps) outweigh the coordinates it skips.  Measured one query at a time, one thread, the best of 5 medians of
+µs per query, a flat scan (matrix-vector product + :func:`adawidth.prefix.top_k`) against
+:func:`adawidth.levels.fused_search` (exact), on the 2-core AMD EPYC (Zen 4) machine: SciFact (5,183 documents,
+PCA) 152 vs 117; Gaussian corpora with SciFact's spectrum, 2,000: 67 vs 85, 4,000: 116 vs 126, 8,000: 167 vs
+114.  (Before the fused call and the eight-row kernels the crossover was near 10,000.)  Gateways set it with
+``ADAWIDTH_LEVEL_SCAN_MIN_DOCS`` (0: always the level scan).
 """
 
 

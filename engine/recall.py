@@ -54,12 +54,13 @@ class RecallPolicy:
     margin_share: float = 0.25
     seeds: int | None = None
     serve: str = "measured"
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _bars: dict = field(default_factory=dict)
-    forest: Forest | None = None
-    _columns: dict = field(default_factory=dict)
-    _template: np.ndarray | None = None
-    _serving: dict = field(default_factory=dict)
+    # derived state and caches, never copied by dataclasses.replace (a copy with another ``serve`` decides afresh)
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _bars: dict = field(default_factory=dict, init=False, repr=False)
+    forest: Forest | None = field(default=None, init=False, repr=False)
+    _columns: dict = field(default_factory=dict, init=False, repr=False)
+    _template: np.ndarray | None = field(default=None, init=False, repr=False)
+    _serving: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.serve not in ("measured", "model", "fixed"):

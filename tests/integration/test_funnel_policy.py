@@ -84,19 +84,19 @@ def test_the_width_router_is_named_and_fixed_widths_are_unchanged(client):
     assert (t["policy"], t["width"], t["escalated"], t["stage1_width"]) == ("router", 128, True, 64)
     t = client.post("/v1/search", json={"query": QUERIES[0], "width": 96}).json()["trace"]
     assert (t["policy"], t["width"], t["stage1_width"], t["shortlist"]) == ("fixed", 96, 64, 500)
-    full = client.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()
-    t = full["trace"]
-    # SciFact is below LEVEL_SCAN_MIN_DOCS: one flat scan of all 5183 x 384 coordinates, exact
-    assert t["policy"] == "exact" and t["certified"] and t["coordinates_scored"] == 5183 * 384
-    assert t["alive_per_level"] is None
-    # the certified level scan (forced): the same top-10, for a fraction of the coordinates
-    levels_app = create_app(GatewaySettings(home=client.app.state.gw.settings.home, collection="scifact",
-                                            redis_url=None, level_scan_min_docs=0), CollectorRegistry())
-    with TestClient(levels_app) as c:
-        lv = c.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()
+    lv = client.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()
     t = lv["trace"]
+    # SciFact is above LEVEL_SCAN_MIN_DOCS: the certified level scan, a fraction of the coordinates
     assert t["policy"] == "exact" and t["certified"] and t["coordinates_scored"] < 5183 * 384
     assert t["coordinates_scored"] == t["stage1_work"] + t["rescoring_work"] and len(t["alive_per_level"]) == 7
+    # one flat scan of all 5183 x 384 coordinates (a gateway whose threshold is above SciFact): the same top-10
+    flat_app = create_app(GatewaySettings(home=client.app.state.gw.settings.home, collection="scifact",
+                                          redis_url=None, level_scan_min_docs=10_000), CollectorRegistry())
+    with TestClient(flat_app) as c:
+        full = c.post("/v1/search", json={"query": QUERIES[0], "width": "full"}).json()
+    t = full["trace"]
+    assert t["policy"] == "exact" and t["certified"] and t["coordinates_scored"] == 5183 * 384
+    assert t["alive_per_level"] is None
     assert [h["id"] for h in lv["results"]] == [h["id"] for h in full["results"]]
     # a version's default 'auto' is the declared recall, whatever other policies it was built with
     t = client.post("/v1/search", json={"query": QUERIES[0]}).json()["trace"]

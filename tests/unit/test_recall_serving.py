@@ -55,3 +55,11 @@ def test_forced_choices_a_version_without_calibration_work_and_the_exact_target(
     assert old.serving(1.0, 7) == ("exact", None, None)
     with pytest.raises(ValueError, match="serve"):
         policy(None, serve="sometimes")
+
+
+def test_a_copy_with_another_choice_decides_afresh():
+    import dataclasses
+
+    p = policy([195, 200, 400])
+    assert p.serving(0.9, 7)[1] is None  # cached: one calibrated z
+    assert dataclasses.replace(p, serve="model").serving(0.9, 7)[1] is not None
