@@ -529,12 +529,22 @@ def ann_plot(rows: list[dict], corpus: str, path: Path) -> bool:
     return True
 
 
+def _row_key(r: dict) -> tuple:
+    """A row's identity: corpus, n_docs, method, threads and family (none for ``faiss_flat``, the one exhaustive
+    reference of both families)."""
+    return r["corpus"], r["n_docs"], r["method"], r["threads"], None if r["method"] == "faiss_flat" else r.get("family")
+
+
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` without the rows ``new`` replaces (same corpus, n_docs, method, threads and family), then ``new``."""
-    def key(r):
-        return r["corpus"], r["n_docs"], r["method"], r["threads"], r.get("family")
-    replaced = {key(r) for r in new}
-    return [r for r in old if key(r) not in replaced] + list(new)
+    """``old`` without the rows ``new`` replaces (same :func:`_row_key`), then ``new``."""
+    replaced = {_row_key(r) for r in new}
+    return [r for r in old if _row_key(r) not in replaced] + list(new)
+
+
+def dedupe_rows(rows: list[dict]) -> list[dict]:
+    """One row per :func:`_row_key`, the later kept (a table written before ``faiss_flat`` lost its family)."""
+    last = {_row_key(r): i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if last[_row_key(r)] == i]
 
 
 # ------------------------------------------------------------------------------------------------ measuring
@@ -664,8 +674,10 @@ def markdown(out: dict) -> str:
             lines += [f"Rows of this corpus from an earlier run: `{run['command']}` ({run.get('machine')}).", ""]
         for threads in sorted({r["threads"] for r in rows}):
             rr = [r for r in rows if r["threads"] == threads]
-            flat = next(r for r in rr if r["method"] == "faiss_flat")
-            fun = next((r for r in rr if r["method"] == "static_funnel"), flat)
+            # the denominators of this run (a row kept from an earlier one only when this run lacks it)
+            now = sorted(rr, key=lambda r: bool(r.get("earlier_run")))
+            flat = next(r for r in now if r["method"] == "faiss_flat")
+            fun = next((r for r in now if r["method"] == "static_funnel"), flat)
             lines += [f"### {threads} thread{'s' if threads > 1 else ''}", "",
                       "| method | recall@10 | NDCG@10 | NDCG@10 unseen | p50 ms | p95 ms | p99 ms | p50 / flat | "
                       "p50 / funnel | q/s | coordinates / N·D | MiB | build s |",
@@ -713,7 +725,18 @@ def main(argv=None) -> int:
                     help="the ANN kind of ours_fixed / ours_recall (M = 32)")
     ap.add_argument("--ann-baselines", nargs="+", default=list(ANN_BASELINES), choices=list(ANN_BASELINES),
                     help="the faiss ANN families to build and tune (default: all)")
+    ap.add_argument("--render", action="store_true",
+                    help="measure nothing: rewrite summary.md from report.json and summary.json (one row per method)")
     args = ap.parse_args(argv)
+    if args.render:
+        suffix = "_ann" if args.methods == "ann" else ""
+        rows = dedupe_rows(json.loads((args.out / "summary.json").read_text()))
+        (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+        report = json.loads((args.out / f"report{suffix}.json").read_text())
+        report["rows"] = dedupe_rows(report["rows"])
+        (args.out / f"report{suffix}.json").write_text(json.dumps(report, indent=1))
+        (args.out / f"summary{suffix}.md").write_text(markdown(report))
+        return 0
     import faiss
 
     faiss.omp_set_num_threads(1)

@@ -118,6 +118,14 @@ class RecallPolicy:
         j = self.forest.first_at_least(self._rows(evidence), bar)
         return self.bound, float(self.z_grid[j if j >= 0 else len(self.z_grid) - 1])
 
+    def seeds_for(self, k: int) -> int:
+        """Seeds for a request of k results under the rule the calibration used: :func:`adawidth.levels.
+        legacy_seeds` for a version calibrated with it (``seeds`` equal to its value at the calibration k), else
+        :func:`adawidth.levels.default_seeds` (a rule of k: fewer than k seeds would leave the scan without a
+        first threshold)."""
+        legacy = self.seeds == levels.legacy_seeds(self.k) != levels.default_seeds(self.k)
+        return levels.legacy_seeds(k) if legacy else levels.default_seeds(k)
+
     def confidence_model(self, target: float, L: int) -> levels.ConfidenceModel | None:
         """:meth:`choose` compiled for :func:`adawidth.levels.fused_search` on a store of L levels: None where
         :meth:`choose` answers ``"exact"``."""

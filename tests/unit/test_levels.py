@@ -631,3 +631,46 @@ def test_fused_search_rejects_bad_arguments(real, real_policy):
     with pytest.raises(ValueError, match="'z'"):
         lv.ConfidenceModel.for_model(f, list(policy.feature_names) + ["not_z"], store.layout.L, policy.z_grid, 0.9)
     assert policy.confidence_model(1.0, store.layout.L) is None  # target 1: the exact bound serves
+
+
+@pytest.mark.parametrize("k", [10, 50])
+def test_a_served_recall_request_prunes_at_any_k(real, real_policy, k):
+    """Through the pipeline, a declared-recall request of any k seeds its threshold with enough documents (a
+    policy calibrated at k = 10 once seeded a k = 50 request with 20: no first threshold, more work than the
+    exact mode) and meets its target against the exhaustive top-k."""
+    from engine.index import IndexVersion
+    from engine.pipeline import Pipeline
+    from engine.plan import SearchSpec
+
+    X, Q = real
+    store, policy = real_policy
+    v = IndexVersion.in_memory(X, np.eye(X.shape[1], dtype=np.float32), [f"d{i}" for i in range(len(X))],
+                               levels=store, recall_policy=policy)
+    v.level_scan_min_docs = 0
+    pipe = Pipeline()
+    recall, work = [], []
+    for q in Q[16:]:
+        auto = pipe.search(v, [SearchSpec("q", k=k, recall_target=0.99)], embeddings=q[None, :])[0]
+        full = pipe.search(v, [SearchSpec("q", k=k, width="full")], embeddings=q[None, :])[0]
+        recall.append(len(set(auto.rows.tolist()) & set(full.rows.tolist())) / k)
+        work.append(auto.trace["coordinates_scored"] / full.trace["coordinates_scored"])
+    assert np.mean(recall) >= 0.95 and np.mean(work) < 0.8, (np.mean(recall), np.mean(work))
+    assert policy.seeds_for(k) == lv.default_seeds(k) >= 2 * k
+
+
+def test_width_full_takes_the_flat_scan_for_deep_requests_on_small_corpora(real, real_policy):
+    """From LEVEL_SCAN_MIN_DOCS documents width full is the level scan at k = 10; a deeper request needs a
+    larger corpus before the level scan pays (engine.stages.stage1.flat_is_faster).  Both are exact."""
+    from engine.index import IndexVersion
+    from engine.pipeline import Pipeline
+    from engine.plan import SearchSpec
+
+    X, Q = real
+    store, policy = real_policy
+    v = IndexVersion.in_memory(X, np.eye(X.shape[1], dtype=np.float32), [f"d{i}" for i in range(len(X))],
+                               levels=store, recall_policy=policy)
+    v.level_scan_min_docs = 5_000  # 6,000 documents: the level scan at k = 10, the flat scan at k = 100
+    for k, backend in ((10, "levels"), (100, "flat")):
+        r = Pipeline().search(v, [SearchSpec("q", k=k, width="full")], embeddings=Q[3][None, :])[0]
+        assert r.trace["stage1_backend"] == backend and r.trace["certified"]
+        assert_exhaustive(r, X, Q[3], k)
