@@ -217,10 +217,10 @@ def render_markdown(r: dict) -> str:
                      f"{_f(row.get('p50_ms'), '{:.1f}')} | {_f(row.get('p95_ms'), '{:.1f}')} | "
                      f"{_f(row.get('server_p50_ms'), '{:.2f}')} |")
     lines += ["", "Offline rows: exhaustive search of the whole corpus at that width. HTTP rows: the gateway's "
-                  "served path. `full`: exactly the exhaustive full-width top-k (one flat scan below 10,000 "
-                  "documents, the certified level scan above); "
+                  "served path. `full`: exactly the exhaustive full-width top-k (the certified level scan from 5,000 "
+                  "documents at k = 10, more for deeper requests such as these k = 100 ones, one flat scan below); "
                   "`auto`: declared recall@10 against it (the level scan with a data-aware bound at the confidence "
-                  "the recall policy picks; multiply-adds show the work); `funnel <w>` and `router`: stage 1 on the "
+                  "the recall policy serves; multiply-adds show the work); `funnel <w>` and `router`: stage 1 on the "
                   "64-prefix over the corpus, shortlist of 500 rescored at the width. Latency is client-side over HTTP on loopback, one "
                   "request at a time, encoding included; server p50 is the gateway's own time for the query (encode, rotate, "
                   "stage 1, route, rescore) from the trace."]
