@@ -30,6 +30,7 @@ RRF_K = 60
 
 _WS = re.compile(r"\s+")
 _TOKEN = re.compile(r"\w+")
+_QUOTE_CHARS = frozenset("\"\u201c\u201d\u201e")
 _QUOTED = re.compile(r"[\"\u201c\u201d\u201e]([^\"\u201c\u201d\u201e]*)[\"\u201c\u201d\u201e]")
 
 
@@ -67,6 +68,8 @@ def parse_query(query: str) -> ParsedQuery:
 
     An unmatched quote character is ordinary text; an empty or blank phrase (``""``) is no constraint.
     """
+    if not _QUOTE_CHARS.intersection(query):  # no quote character, no phrase (the common case)
+        return ParsedQuery(query, ())
     phrases: list[str] = []
     for m in _QUOTED.finditer(query):
         p = normalize_text(m.group(1))

@@ -437,6 +437,8 @@ _SCALAR_FEATURES = ("threshold", "partial_1", "partial_k", "partial_last", "part
 _FEATURE_NAMES: dict[tuple, tuple[str, ...]] = {}  # feature names by (L, z grid)
 EVIDENCE_Z_GRID: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
 """The confidences at which :func:`begin` and :func:`fused_search` count the data-aware filter's survivors."""
+_EVIDENCE_Z = np.array(EVIDENCE_Z_GRID, dtype=np.float64)  # the default grid as the kernel reads it
+_EVIDENCE_Z.flags.writeable = False
 
 
 def evidence_feature_names(L: int, z_grid=EVIDENCE_Z_GRID) -> tuple[str, ...]:
@@ -604,8 +606,9 @@ def _validate_query(store: LevelStore, query) -> np.ndarray:
     if q.dtype.kind not in "fiu":
         raise ValueError(f"query must be numeric (float or integer), got dtype {q.dtype}")
     q = np.ascontiguousarray(q, dtype=np.float32)
-    # a float64 sum of float32 values cannot overflow, so it is finite exactly when every value is
-    if not math.isfinite(q.sum(dtype=np.float64)):
+    # q . q (float32) is finite only when every value is; a huge finite query may overflow it, so that case is
+    # told by a float64 sum, which cannot overflow and is finite exactly when every value is
+    if not math.isfinite(float(q @ q)) and not math.isfinite(q.sum(dtype=np.float64)):
         raise ValueError("query has non-finite values")
     return q
 
@@ -873,7 +876,7 @@ def fused_search(store: LevelStore, query, k: int, *, bound: str = "exact", z: f
             raise ValueError(f"z must be a finite number >= 0, got {z!r}")
     allowed = _validate_allowed(store, allowed)
     ranges = _validate_ranges(store, ranges)
-    ev_z = np.ascontiguousarray(evidence_z_grid, dtype=np.float64)
+    ev_z = _EVIDENCE_Z if evidence_z_grid is EVIDENCE_Z_GRID else np.ascontiguousarray(evidence_z_grid, np.float64)
     L = layout.L
     rows = np.empty(k, dtype=np.int64)
     scores = np.empty(k, dtype=np.float32)

@@ -8,6 +8,12 @@ from typing import Any
 import numpy as np
 
 
+_NO_ROWS = np.empty(0, np.int64)
+_NO_ROWS.flags.writeable = False
+_NO_SCORES = np.empty(0, np.float64)
+_NO_SCORES.flags.writeable = False
+
+
 @dataclass
 class Candidates:
     """Where one query stands after a stage.
@@ -38,7 +44,7 @@ class Candidates:
     @classmethod
     def empty(cls) -> "Candidates":
         """No candidates yet (before stage 1)."""
-        return cls(np.empty(0, np.int64), np.empty(0, np.float64))
+        return cls(_NO_ROWS, _NO_SCORES)
 
     def ranked(self, rows: np.ndarray, scores: np.ndarray, width: int | None = None) -> "Candidates":
         """A copy holding a new ranking (work, timings and trace carried over, no state)."""

@@ -34,6 +34,8 @@ from engine.stages.stage1 import allowed_mask, ann_or_exact, stage1
 
 __all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
 
+_DEFAULTS = PlanDefaults()  # frozen: one instance serves every offline call without its own defaults
+
 
 def capabilities(version, rerankers: dict | None = None) -> Capabilities:
     """What ``version`` can serve on a replica holding ``rerankers`` (:meth:`Pipeline.rerankers`).
@@ -99,7 +101,8 @@ class Pipeline:
             engine.plan.PlanError: a spec the version cannot serve.
         """
         caps = capabilities(version, self.rerankers)
-        plans = [resolve_plan(s, defaults or PlanDefaults(), caps) for s in specs]
+        defaults = defaults or _DEFAULTS
+        plans = [resolve_plan(s, defaults, caps) for s in specs]
         return self.run(plans, version, embeddings=embeddings, allowed=allowed)
 
     def run(self, plans: Sequence[Plan], version, *, embeddings: np.ndarray | None = None,

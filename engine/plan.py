@@ -203,6 +203,10 @@ _INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
 
 def is_blank(text: str) -> bool:
     """True when ``text`` has no visible character (only whitespace, control and format characters)."""
+    if text.isprintable() and text.strip(" "):
+        # printable leaves letters, marks, numbers, punctuation, symbols and the ASCII space: a character other
+        # than that space is visible (the common case, without a per-character category lookup)
+        return False
     return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in text)
 
 

@@ -73,7 +73,7 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out = c.ranked(res.rows, res.scores.astype(np.float64), version.dimension)
         out.work["rescore"] = int(res.coordinates - res.first_coordinates)
         out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=bool(res.certified),
-                         alive_per_level=[int(x) for x in res.alive_per_level])
+                         alive_per_level=res.alive_per_level.tolist())
         return out
     if plan.policy == "exact" and c.state is None:  # exhaustive stage 1 already ranked at full width
         c.trace.update(width=version.dimension, escalated=False, router_score=None)

@@ -9,7 +9,10 @@ import threading
 import time
 from pathlib import Path
 
+import unicodedata
+
 import pytest
+from hypothesis import given, settings, strategies as st
 from pydantic import SecretStr, ValidationError
 
 from engine.plan import has_lone_surrogate, is_blank
@@ -85,6 +88,16 @@ def test_parse_helpers():
     assert _bounded_int("9" * 19) == 10 ** 19 and _bounded_int("-" + "9" * 10_000) == -10 ** 19
     assert is_blank("") and is_blank(" \t\n\x00\u200b\u3000\ufeff") and not is_blank("\x00a") and not is_blank("🧬")
     assert has_lone_surrogate("a\ud800") and has_lone_surrogate("\udc00") and not has_lone_surrogate("🧬 é")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=12) | st.text(
+    alphabet=st.sampled_from(" \t\n\x00\x7f\u00a0\u200b\u2028\u3000\ufeff\u0301a\u00e9\U0001f9ec!"), max_size=8))
+def test_is_blank_fast_path_agrees_with_its_definition(text):
+    # the printable fast path must answer exactly as the per-character definition (only whitespace, control and
+    # format characters: no visible one)
+    slow = all(ch.isspace() or unicodedata.category(ch) in {"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"} for ch in text)
+    assert is_blank(text) == slow
 
 
 def test_query_log_sampling(caplog):
