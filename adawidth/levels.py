@@ -606,9 +606,8 @@ def _validate_query(store: LevelStore, query) -> np.ndarray:
     if q.dtype.kind not in "fiu":
         raise ValueError(f"query must be numeric (float or integer), got dtype {q.dtype}")
     q = np.ascontiguousarray(q, dtype=np.float32)
-    # q . q (float32) is finite only when every value is; a huge finite query may overflow it, so that case is
-    # told by a float64 sum, which cannot overflow and is finite exactly when every value is
-    if not math.isfinite(float(q @ q)) and not math.isfinite(q.sum(dtype=np.float64)):
+    # a float64 sum of float32 values cannot overflow, so it is finite exactly when every value is
+    if not math.isfinite(q.sum(dtype=np.float64)):
         raise ValueError("query has non-finite values")
     return q
 

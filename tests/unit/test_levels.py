@@ -469,8 +469,8 @@ def test_bad_inputs_raise_clear_value_errors(real):
         query, k = args.pop("query"), args.pop("k")
         with pytest.raises(ValueError, match=message):
             search(store, query, k, **args)
-    # the finiteness check is q . q in float32, told again in float64 when that overflows: a huge finite query
-    # is still served (its inner products are finite in float32), an infinite one is refused
+    # the finiteness check is a float64 sum, which cannot overflow: a huge finite query is still served (its inner
+    # products are finite in float32), an infinite one is refused
     big = np.where(np.arange(64) == 3, 1e20, 0.0).astype(np.float32)
     assert search(store, big, 5).rows.tolist() == np.argsort(-(store.levels32[0][:, 3]), kind="stable")[:5].tolist()
     with pytest.raises(ValueError, match="non-finite"):
