@@ -684,24 +684,39 @@ def markdown(out: dict) -> str:
                       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in rr:
                 f = lambda v: "—" if v is None else f"{v}"  # noqa: E731
+                # a row from an earlier run (perhaps another machine) gets no ratio to this run's flat and funnel
+                ratio = (lambda d: "—") if r.get("earlier_run") else (lambda d: f"{r['p50_ms'] / d['p50_ms']:.3f}")
                 name = r["method"] + (_ann_label(r) if r.get("family") == "ann" and r["method"].startswith("ours")
                                       else "") + (" †" if r.get("earlier_run") else "")
                 lines.append(f"| {name} | {r['recall_at_10']:.4f} | {f(r['ndcg_at_10'])} | "
                              f"{f(r['ndcg_at_10_unseen'])} | {r['p50_ms']:.3f} | {r['p95_ms']:.3f} | "
-                             f"{r['p99_ms']:.3f} | {r['p50_ms'] / flat['p50_ms']:.3f} | "
-                             f"{r['p50_ms'] / fun['p50_ms']:.3f} | {r['qps']:.0f} | {r['coordinate_share']:.4f} | "
+                             f"{r['p99_ms']:.3f} | {ratio(flat)} | "
+                             f"{ratio(fun)} | {r['qps']:.0f} | {r['coordinate_share']:.4f} | "
                              f"{r['memory_mib']:.0f} | {r['build_s']:.1f} |")
             lines.append("")
         earlier = sorted({r["earlier_run"] for r in rows if r.get("earlier_run")})
         for cmd in earlier:
-            lines += [f"† From an earlier run, `{cmd}`, kept because the later runs did not measure these methods; "
-                      "its ratios are to this table's faiss_flat and funnel.", ""]
+            machines = sorted({r.get("earlier_machine") or "not recorded" for r in rows if r.get("earlier_run") == cmd})
+            lines += [f"† From an earlier run, `{cmd}` (machine: {'; '.join(machines)}), kept because the later runs "
+                      "did not measure these methods; its timings are not comparable with this run's, so these rows "
+                      "have no ratios.", ""]
         fun = next((r for r in rows if r["method"] == "static_funnel"), None)
         if fun is not None:
             fp = fun["params"]
             lines += [f"Static funnel chosen on the training queries: m1 = {fp['m1']}, C = {fp['shortlist']} "
                       f"(training recall@10 {fp['train_recall_at_10']}).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``platform.processor()`` where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def main(argv=None) -> int:
@@ -742,7 +757,7 @@ def main(argv=None) -> int:
     faiss.omp_set_num_threads(1)
     command = "python -m bench.scale " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     scifact = load_scifact(args.home, args.scifact)
-    out = {"command": command.strip(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+    out = {"command": command.strip(), "machine": f"{platform.machine()} {_cpu_model()}, {os.cpu_count()} CPUs, Python "
            f"{platform.python_version()}, faiss {faiss.__version__}, load average at start "
            f"{os.getloadavg()[0]:.1f}", "corpora": {}, "rows": []}
     out["methods"] = args.methods
@@ -767,6 +782,7 @@ def main(argv=None) -> int:
             data = load_synthetic(scifact, args.synthetic_n, args.train_queries, args.test_queries)
         out["corpora"][name] = data["note"]
         earlier_command = out["runs"].get(name, {}).get("command")
+        earlier_machine = out["runs"].get(name, {}).get("machine")
         out["runs"][name] = {"command": out["command"], "machine": out["machine"]}
         new_rows = run_corpus(name, data, args, faiss)
         del data
@@ -782,6 +798,7 @@ def main(argv=None) -> int:
         for r in previous:  # rows of this corpus this run did not measure again: say which run made them
             if r["corpus"] == name and id(r) not in fresh and not r.get("earlier_run"):
                 r["earlier_run"] = earlier_command or "an earlier run"
+                r["earlier_machine"] = earlier_machine
         (args.out / "summary.json").write_text(json.dumps(previous, indent=1))
         if args.methods in ("ann", "all"):
             ann_plot(previous, name, args.out / f"ann_{name}.png")
