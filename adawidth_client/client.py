@@ -187,8 +187,8 @@ class Client(_Base):
             width: ``"auto"``, ``"full"`` or a prefix width in coordinates (gateway default ``"auto"``).
             collection: collection to search (default: the client's, else the gateway's default).
             timeout_s: this call's per-request timeout, seconds.
-            **fields: any other request field (``rho``, ``mode``, ``filter``, ``fusion``, ``alpha``, ``tier``,
-                or one this client does not model yet).
+            **fields: any other request field (``policy``, ``recall_target``, ``rho``, ``mode``, ``filter``,
+                ``fusion``, ``alpha``, ``tier``, or one this client does not model yet).
 
         Returns:
             :class:`SearchResponse` (hits best first, trace).

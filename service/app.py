@@ -134,7 +134,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     # the key dependency (and its security entry in the OpenAPI document) only when a search key is set
     search_deps = [Depends(require_search_key)] if search_key else []
     search_errors = (400, *([401] if search_key or settings.access_policy == "api_key" else []),
-                     *([403] if settings.access_policy == "header" else []), 409, 413, 415, 422, 429, 503)
+                     *([403] if settings.access_policy == "header" else []), 408, 409, 413, 415, 422, 429, 503)
     search_examples = {403: "tenant_required"}  # the error code each status's example shows, where not the default
     batch_examples = {**search_examples, 413: "batch_too_large"}
     search_body = {"requestBody": {"required": True, "content": {
@@ -146,7 +146,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         deadline = time.monotonic() + settings.search_deadline_s
         versions = state.collection(name)
         check_media_type(request)
-        req = validate(SearchRequest, parse_json(await read_body(request, settings.max_body_bytes),
+        req = validate(SearchRequest, parse_json(await read_body(request, settings.max_body_bytes, deadline),
                                                  settings.max_body_bytes))
         principal = principal_of(request, settings)
         with versions.acquire() as version:  # the one reference this request holds to its end
@@ -160,7 +160,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         deadline = time.monotonic() + settings.search_deadline_s  # one fixed deadline for the whole batch
         versions = state.collection(name)
         check_media_type(request)
-        batch = BatchSearchRequest.parse(parse_json(await read_body(request, settings.max_body_bytes),
+        batch = BatchSearchRequest.parse(parse_json(await read_body(request, settings.max_body_bytes, deadline),
                                                     settings.max_body_bytes), settings.max_batch)
         principal = principal_of(request, settings)
         items = batch.items()

@@ -16,6 +16,8 @@ STATUS_OF_CODE: dict[str, int] = {
     "invalid_json": 400,
     "unsupported_media_type": 415,
     "body_too_large": 413,
+    "body_timeout": 408,
+    "client_disconnected": 499,
     # the fields
     "query_too_long": 413,
     "blank_query": 422,

@@ -151,6 +151,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, str | None]] = {
     "query_too_long": ("query exceeds 20000 characters", "query"),
     "batch_too_large": ("a batch holds at most 256 queries", "queries"),
     "body_too_large": ("request body exceeds 262144 bytes", None),
+    "body_timeout": ("the request body did not arrive within the request's deadline", None),
     "unsupported_media_type": ("send the body as application/json", None),
     "blank_query": ("query must contain a visible character", "query"),
     "invalid_version": ("[invalid_version] '../scifact' is not a valid version name", None),
@@ -162,7 +163,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, str | None]] = {
     "writes_unavailable": ("this replica cannot write to the collection's log; see its log", None),
 }
 DEFAULT_ERROR_CODE = {400: "invalid_json", 401: "missing_api_key", 403: "admin_disabled", 404: "unknown_collection",
-                      409: "policy_unavailable", 413: "query_too_long", 415: "unsupported_media_type",
+                      408: "body_timeout", 409: "policy_unavailable", 413: "query_too_long", 415: "unsupported_media_type",
                       422: "blank_query", 429: "overloaded", 503: "not_ready"}
 
 

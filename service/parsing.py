@@ -6,11 +6,14 @@ Only the *types* are checked here (pydantic); every value is checked once, by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
+import time
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ValidationError
 
 from engine.plan import PlanDefaults, has_lone_surrogate
@@ -36,7 +39,10 @@ def _bounded_int(text: str) -> int:
 def validation_error(err: ValidationError) -> ApiError:
     """The one :class:`ApiError` of a pydantic validation failure (its first error decides the code)."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
+    # the request's field, not pydantic's path into it: a union member's tag ("rho.float", "filter.a.constrained-str")
+    # is not a field a client sent; only a filter's own key is kept ("filter.team")
+    parts = [str(p) for p in first.get("loc", ()) if not isinstance(p, int)]
+    loc = (f"filter.{parts[1]}" if parts[:1] == ["filter"] and len(parts) > 1 else parts[0]) if parts else None
     kind = first.get("type", "")
     shown = repr(safe_text(loc, MAX_ECHO_CHARS)) if loc else "?"
     if kind == "extra_forbidden":
@@ -54,21 +60,43 @@ def validation_error(err: ValidationError) -> ApiError:
     return ApiError("invalid_type", f"field {shown}: {first.get('msg', 'invalid value')}", loc)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, deadline: float | None = None) -> bytes:
     """The request body, read in chunks and refused as soon as it passes ``limit`` bytes.
 
+    Args:
+        request: the request.
+        limit: the largest body accepted, in bytes.
+        deadline: a ``time.monotonic()`` instant by which the whole body must have arrived (None: no limit),
+            so a client that stalls mid-body does not hold its connection beyond the request's deadline.
+
     Raises:
-        ApiError: ``body_too_large`` (a declared or actual length above ``limit``).
+        ApiError: ``body_too_large`` (a declared or actual length above ``limit``), ``body_timeout`` (the body
+            had not arrived by ``deadline``), ``client_disconnected`` (the client closed the connection before
+            its body arrived: nothing to answer, counted apart from server errors).
     """
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
+
+    async def receive():
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+
+    try:
+        if deadline is None:
+            await receive()
+        else:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await receive()
+    except TimeoutError:
+        raise ApiError("body_timeout", "the request body did not arrive within the request's deadline") from None
+    except ClientDisconnect:
+        raise ApiError("client_disconnected", "the client closed the connection before its body arrived") from None
     return b"".join(chunks)
 
 

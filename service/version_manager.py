@@ -158,8 +158,9 @@ class VersionManager:
                 self._held[version] = _Held(v, warm=True)
                 self._wanted.add(version)
                 self._gauge_locked()
-            log.info("loaded and warmed %s/%s in %.2f s (%d documents, stage 1 on %s)", self.collection, version,
-                     seconds, v.size, v.stage1.kind)
+            log.info("loaded and warmed %s/%s in %.2f s (%d documents, stage 1 on %s for prefix widths, %s for "
+                     "declared recall and width full)", self.collection, version, seconds, v.size, v.stage1.kind,
+                     getattr(v, "stage1_backend", "flat"))
             return v
 
     def _refuse(self, version: str, e: VersionRefused) -> None:

@@ -157,3 +157,70 @@ def test_sampled_query_logging_is_truncated_and_escaped(make_gateway, caplog):
     msg = records[0].getMessage()
     assert "retina-regeneration-in-z" in msg and "zebrafish" not in msg and "tail" not in msg
     assert "\n" not in msg and f"({len(query)} chars" in msg
+
+
+def _raw_request(url: str, body: bytes, declared: int):
+    """A socket to the gateway that sent a search's headers declaring ``declared`` bytes and then ``body``."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {declared}\r\n\r\n".encode() + body)
+    return s
+
+
+def _read_response(s) -> str:
+    """The whole HTTP response on socket ``s``: headers, then Content-Length bytes of body (or until closed)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data.decode("latin-1")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), None)
+    while length is not None and len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode("latin-1")
+
+
+def test_a_stalled_body_is_answered_408_and_a_vanished_client_is_not_a_server_error(scifact_home):
+    # a client that sends half its body and stalls gets 408 body_timeout at the request's deadline (it does not
+    # hold its connection forever); one that hangs up mid-body is counted as client_disconnected, not as an
+    # internal error that would page someone
+    import re
+    import time as _time
+
+    import httpx
+
+    from tests.conftest import serve_home
+
+    with serve_home(scifact_home, "scifact", SEARCH_DEADLINE_S=1.5) as url:
+        s = _raw_request(url, b'{"query": "x"', 100)
+        t0 = _time.monotonic()
+        head = _read_response(s)
+        waited = _time.monotonic() - t0
+        s.close()
+        assert head.startswith("HTTP/1.1 408"), head[:200]
+        assert '"code":"body_timeout"' in head.replace(" ", ""), head[-300:]
+        assert 1.0 <= waited < 10.0
+        s = _raw_request(url, b'{"query": "x"', 100)
+        s.close()  # gone before its body arrived
+        metrics = ""
+        for _ in range(50):  # the server notices the closed socket on its next read
+            metrics = httpx.get(f"{url}/metrics").text
+            if 'code="client_disconnected"' in metrics:
+                break
+            _time.sleep(0.1)
+        assert re.search(r'adawidth_errors_total\{code="client_disconnected"\} 1\.0', metrics), metrics[-2000:]
+        assert re.search(r'adawidth_errors_total\{code="body_timeout"\} 1\.0', metrics)
+        assert 'code="internal_error"' not in metrics
+        # and the gateway still answers
+        r = httpx.post(f"{url}/v1/search", json={"query": Q, "k": 3})
+        assert r.status_code == 200 and len(r.json()["results"]) == 3
