@@ -500,8 +500,8 @@ def picked_backend(ann_ms: list[Method], levels_ctx: dict, X_rot: np.ndarray, R:
 
 
 def ann_plot(rows: list[dict], corpus: str, path: Path) -> bool:
-    """Recall@10 against p50 (log) of the ANN rows of one corpus, one series per threads; False without
-    matplotlib (optional)."""
+    """Recall@10 against p50 (log) of the ANN rows of one corpus, one panel per threads; rows kept from an earlier
+    run (perhaps another machine, ``earlier_run``) hollow and grey, marked †.  False without matplotlib (optional)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -511,18 +511,23 @@ def ann_plot(rows: list[dict], corpus: str, path: Path) -> bool:
     rr = [r for r in rows if r["corpus"] == corpus and r.get("family") == "ann"]
     if not rr:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for threads, marker in zip(sorted({r["threads"] for r in rr}), "os^"):
+    threads_all = sorted({r["threads"] for r in rr})
+    fig, axes = plt.subplots(1, len(threads_all), figsize=(7 * len(threads_all), 5), squeeze=False)
+    for ax, threads in zip(axes[0], threads_all):
         for r in (r for r in rr if r["threads"] == threads):
-            ax.scatter(r["p50_ms"], r["recall_at_10"], marker=marker,
-                       color="C3" if r["method"].startswith("ours") else "C0")
-            ax.annotate(f"{r['method']} ({threads}t)", (r["p50_ms"], r["recall_at_10"]), fontsize=6,
-                        xytext=(3, 2), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("p50 latency, ms (log)")
-    ax.set_ylabel("recall@10 vs exhaustive")
-    ax.set_title(f"{corpus}, N = {rr[0]['n_docs']:,}: recall against p50 (ours red, faiss blue)")
-    ax.grid(True, alpha=0.3)
+            earlier = bool(r.get("earlier_run"))
+            color = "0.6" if earlier else ("C3" if r["method"].startswith("ours") else "C0")
+            ax.scatter(r["p50_ms"], r["recall_at_10"], marker="o", facecolors="none" if earlier else color,
+                       edgecolors=color)
+            ax.annotate(r["method"] + (" †" if earlier else ""), (r["p50_ms"], r["recall_at_10"]), fontsize=6,
+                        xytext=(3, 2), textcoords="offset points", color="0.4" if earlier else "black")
+        ax.set_xscale("log")
+        ax.set_xlabel("p50 latency, ms (log)")
+        ax.set_ylabel("recall@10 vs exhaustive")
+        ax.set_title(f"{threads} thread{'s' if threads > 1 else ''}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"{corpus}, N = {rr[0]['n_docs']:,}: recall against p50 (ours red, faiss blue; † an earlier run, "
+                 "not comparable)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -751,6 +756,8 @@ def main(argv=None) -> int:
         report["rows"] = dedupe_rows(report["rows"])
         (args.out / f"report{suffix}.json").write_text(json.dumps(report, indent=1))
         (args.out / f"summary{suffix}.md").write_text(markdown(report))
+        for corpus in dict.fromkeys(r["corpus"] for r in rows):
+            ann_plot(rows, corpus, args.out / f"ann_{corpus}.png")
         return 0
     import faiss
 
