@@ -3,8 +3,9 @@
  *
  * The node arrays and the tree walk are in _forest_eval.h (shared with adawidth._levelscan's fused search).
  * predict(..., x: float64 (R, F) C-contiguous, out: float64 (R,), n_features) sums the leaf of every tree.
- * first_at_least(..., x, n_features, bar) returns the first row whose sum is >= bar (-1: none), scoring rows in
- * order and stopping there.
+ * first_at_least(..., x, n_features, bar[, monotone]) returns the first row whose sum is >= bar (-1: none),
+ * scoring rows in order and stopping there, or (monotone 1: the scores never decrease from row to row) by binary
+ * search.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,14 +70,16 @@ fail:
     return NULL;
 }
 
-/* The first row, in order, whose raw score is at least `bar` (-1: none), scoring no row after it: the recall
- * policy's choice of the cheapest confidence (rows in increasing confidence) at a fraction of predict's cost. */
+/* The first row, in order, whose raw score is at least `bar` (-1: none), scoring no row after it (or by binary
+ * search when the caller says the scores are monotone): the recall policy's choice of the cheapest confidence
+ * (rows in increasing confidence) at a fraction of predict's cost. */
 static PyObject *first_at_least(PyObject *self, PyObject *args) {
     PyObject *objs[8];
     Py_ssize_t n_features, rows = 0;
     double bar;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnd", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
-                          &objs[7], &n_features, &bar))
+    int monotone = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnd|p", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &objs[7], &n_features, &bar, &monotone))
         return NULL;
     Py_buffer all[8];
     int got = 0;
@@ -85,7 +88,7 @@ static PyObject *first_at_least(PyObject *self, PyObject *args) {
     if (open_forest(objs, 8, all, &got, &f, n_features, &rows) < 0) goto fail;
     const double *x = all[7].buf;
     int64_t at = -1;
-    if (forest_first_at_least(&f, x, rows, n_features, bar, &at) < 0) {
+    if (forest_first_at_least(&f, x, rows, n_features, bar, monotone, &at) < 0) {
         PyErr_SetString(PyExc_ValueError, "malformed forest");
         goto fail;
     }
@@ -100,7 +103,8 @@ fail:
 static PyMethodDef methods[] = {
     {"predict", predict, METH_VARARGS, "predict(feature, threshold, left, right, flags, roots, leaves, x, out, n_features)"},
     {"first_at_least", first_at_least, METH_VARARGS,
-     "first_at_least(feature, threshold, left, right, flags, roots, leaves, x, n_features, bar) -> int (-1: none)"},
+     "first_at_least(feature, threshold, left, right, flags, roots, leaves, x, n_features, bar, monotone=False) -> "
+     "int (-1: none)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_forest", "Flattened tree-ensemble prediction.", -1, methods};

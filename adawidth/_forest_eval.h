@@ -46,11 +46,30 @@ static inline int forest_row_score(const ForestTrees *f, const double *xr, int64
     return 0;
 }
 
-/* The first of `rows` rows (row r at x + r * n_features), in order, whose raw score is >= bar, scoring no row
- * after it: *found = its index, or -1 when none is.  -1 for a malformed forest, 0 otherwise. */
+/* The first of `rows` rows (row r at x + r * n_features), in order, whose raw score is >= bar: *found = its index,
+ * or -1 when none is.  -1 for a malformed forest, 0 otherwise.
+ * monotone 0: rows are scored in order, none after the first that clears the bar.  monotone 1: the caller states
+ * that the scores never decrease from row to row (a model fitted monotone increasing in the one column in which
+ * the rows differ, the recall policy's z: LightGBM's monotone_constraints); a binary search then scores about
+ * log2(rows) + 1 rows and finds the same row (floating-point addition is monotone, so the sum of the trees'
+ * non-decreasing leaves does not decrease either). */
 static inline int forest_first_at_least(const ForestTrees *f, const double *x, int64_t rows, int64_t n_features,
-                                        double bar, int64_t *found) {
+                                        double bar, int monotone, int64_t *found) {
     *found = -1;
+    if (monotone) {
+        int64_t lo = 0, hi = rows; /* the answer lies in [lo, hi]; hi == rows: none */
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            double s;
+            if (forest_row_score(f, x + mid * n_features, n_features, &s) < 0) return -1;
+            if (s >= bar)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        *found = lo < rows ? lo : -1;
+        return 0;
+    }
     for (int64_t r = 0; r < rows; r++) {
         double s;
         if (forest_row_score(f, x + r * n_features, n_features, &s) < 0) return -1;

@@ -1512,12 +1512,19 @@ out:
     return result;
 }
 
-/* The forest arguments of search: None, or a tuple (feature, threshold, left, right, flags, roots, leaves). */
-static int get_forest(Views *pv, PyObject *o, ForestTrees *f) {
+/* The forest arguments of search: None, or a tuple (feature, threshold, left, right, flags, roots, leaves[,
+ * monotone]); monotone true: the model rows' scores never decrease along the z grid (forest_first_at_least). */
+static int get_forest(Views *pv, PyObject *o, ForestTrees *f, int *monotone) {
 #define v (*pv)
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 7) {
-        PyErr_SetString(PyExc_ValueError, "forest must be None or a tuple of 7 node arrays");
+    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 7 && PyTuple_GET_SIZE(o) != 8)) {
+        PyErr_SetString(PyExc_ValueError, "forest must be None or a tuple of 7 node arrays (and a monotone flag)");
         goto out;
+    }
+    *monotone = 0;
+    if (PyTuple_GET_SIZE(o) == 8) {
+        const int m = PyObject_IsTrue(PyTuple_GET_ITEM(o, 7));
+        if (m < 0) goto out;
+        *monotone = m;
     }
     Py_ssize_t n_nodes, n_roots, n_leaves, n;
     GET(PyTuple_GET_ITEM(o, 0), 4, 0, 0, 1, "forest feature", f->feature, &n_nodes);
@@ -1565,6 +1572,7 @@ static PyObject *py_search(PyObject *self, PyObject *args) {
     Views v = {.n = 0};
     Ctx c = {0};
     ForestTrees forest = {0};
+    int monotone = 0;
     PyObject *result = NULL;
     const double *m2, *irt, *evz = NULL, *zg = NULL;
     const int32_t *colmap = NULL;
@@ -1598,7 +1606,7 @@ static PyObject *py_search(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "the exact bound takes no forest");
             goto out;
         }
-        if (get_forest(&v, forest_o, &forest) < 0) goto out;
+        if (get_forest(&v, forest_o, &forest, &monotone) < 0) goto out;
         GET(colmap_o, 4, 1, 0, 1, "colmap", colmap, &F);
         GET(zg_o, 8, 1, 0, 1, "z_grid", zg, &Zp);
         for (Py_ssize_t j = 0; j < F; j++)
@@ -1649,7 +1657,7 @@ static PyObject *py_search(PyObject *self, PyObject *args) {
                     for (Py_ssize_t j = 0; j < F; j++)
                         rowsbuf[r * F + j] = colmap[j] >= 0 ? feat[colmap[j]] : (colmap[j] == -2 ? zg[r] : NAN);
                 int64_t found = -1;
-                if (forest_first_at_least(&forest, rowsbuf, Zp, F, bar, &found) < 0)
+                if (forest_first_at_least(&forest, rowsbuf, Zp, F, bar, monotone, &found) < 0)
                     malformed = 1;
                 else
                     z = zg[found >= 0 ? found : Zp - 1];

@@ -35,6 +35,8 @@ class Forest:
         leaves: (n_leaves,) float64 leaf values.
         n_features: F, the width of a row.
         feature_names: the model's feature names, in order.
+        monotone: (F,) the model's monotone constraints (LightGBM ``monotone_constraints``: +1 increasing, -1
+            decreasing, 0 none), or () when it was fitted without any.
     """
 
     feature: np.ndarray
@@ -46,6 +48,7 @@ class Forest:
     leaves: np.ndarray
     n_features: int
     feature_names: tuple[str, ...]
+    monotone: tuple[int, ...] = ()
 
     @classmethod
     def from_dump(cls, dump: Mapping) -> "Forest":
@@ -85,7 +88,12 @@ class Forest:
         i32 = lambda a: np.asarray(a, dtype=np.int32)  # noqa: E731
         return cls(i32(feature), np.asarray(threshold, np.float64), i32(left), i32(right), i32(flags), i32(roots),
                    np.asarray(leaves, np.float64), int(dump["max_feature_idx"]) + 1,
-                   tuple(dump.get("feature_names", ())))
+                   tuple(dump.get("feature_names", ())), tuple(int(c) for c in dump.get("monotone_constraints") or ()))
+
+    def increasing_in(self, column: int) -> bool:
+        """True when the model was fitted non-decreasing in ``column`` (a +1 monotone constraint): rows that differ
+        only there, in increasing order, score in non-decreasing order."""
+        return 0 <= column < len(self.monotone) and self.monotone[column] == 1
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Raw scores of rows; X (R, F) or (F,) float -> (R,) float64.
@@ -101,7 +109,7 @@ class Forest:
                         X, out, self.n_features)
         return out
 
-    def first_at_least(self, X: np.ndarray, bar: float) -> int:
+    def first_at_least(self, X: np.ndarray, bar: float, monotone: bool = False) -> int:
         """The first row of X, in order, whose raw score is at least ``bar``, or -1 when none is; the rows after
         it are not scored (``next(i for i, p in enumerate(self.predict(X)) if p >= bar)`` at a fraction of the cost
         when an early row clears the bar).
@@ -109,6 +117,9 @@ class Forest:
         Args:
             X: (R, F) float rows, e.g. one query's evidence at increasing confidences.
             bar: the threshold on the raw score (higher is stricter).
+            monotone: the caller's statement that the rows' scores never decrease from row to row (rows that
+                differ only in a column the model :meth:`increasing_in`, in increasing order): a binary search
+                then scores about log2(R) + 1 rows instead of up to R, and finds the same row.
 
         Raises:
             ValueError: when a row is not F wide.
@@ -117,4 +128,4 @@ class Forest:
         if X.shape[1] != self.n_features:
             raise ValueError(f"rows must have {self.n_features} features, got {X.shape[1]}")
         return _forest.first_at_least(self.feature, self.threshold, self.left, self.right, self.flags, self.roots,
-                                      self.leaves, X, self.n_features, float(bar))
+                                      self.leaves, X, self.n_features, float(bar), bool(monotone))

@@ -490,9 +490,12 @@ class ConfidenceModel:
 
     @property
     def nodes(self) -> tuple:
-        """The forest's seven node arrays, in the kernel's order."""
+        """The forest's seven node arrays, in the kernel's order, and whether the model is monotone increasing in
+        its z column (then the kernel finds the first z clearing the bar by binary search)."""
         f = self.forest
-        return (f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves)
+        z_col = np.flatnonzero(self.colmap == -2)
+        monotone = bool(len(z_col)) and f.increasing_in(int(z_col[0]))
+        return (f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves, monotone)
 
 
 @dataclass(frozen=True, eq=False)

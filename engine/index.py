@@ -207,6 +207,7 @@ class IndexVersion:
                 version.recall_policy = RecallPolicy(rp.booster, list(s.feature_names), np.asarray(s.z_grid), s.bound,
                                                      rp.calibration_pred, rp.calibration_recall,
                                                      rp.calibration_coordinates, k=s.k, margin_share=s.margin_share,
+                                                     margin_rule=s.margin_rule,
                                                      seeds=s.seeds if s.seeds is not None else legacy_seeds(s.k))
             got = files.read_ann(path, manifest)
             if got is not None:

@@ -3,8 +3,9 @@
 Holds the LightGBM model the trainer fitted (:mod:`trainer.recall_fit`) and its out-of-fold calibration data.
 Per target it serves, by measurement on the calibration queries (:meth:`RecallPolicy.serving`), either the
 **per-query** confidence (the model reads each query's evidence; :meth:`RecallPolicy.choose`) or **one
-calibrated** confidence for every query (the smallest z of the grid whose mean calibration recall meets the
-target plus the margin): the model only where its out-of-fold choices save at least
+calibrated** confidence for every query (the z where the grid's mean calibration recall curve reaches the target
+plus the margin, :func:`adawidth.recall_policy.interpolated_confidence`): the model only where its out-of-fold
+choices save at least
 :data:`MODEL_MIN_SAVING` of the work of that one z, since evaluating it costs time of its own.  The maths is
 :mod:`adawidth.recall_policy`.
 """
@@ -34,8 +35,11 @@ class RecallPolicy:
         calibration_coordinates: (Qc, Z) multiply-adds of each calibration run, or None (versions built before
             it was kept: they serve the per-query model at every target).
         k: the k the policy was calibrated at (recall@k).
-        margin_share: the share of a target's miss budget (1 - target) added to it before calibrating its bar
-            (:func:`adawidth.recall_policy.safety_margin`).
+        margin_share: the share of a target's miss budget (1 - target) added to it before calibrating, under
+            ``margin_rule`` ``"share"`` (:func:`adawidth.recall_policy.safety_margin`).
+        margin_rule: how a target's margin is set (:func:`adawidth.recall_policy.calibration_goal`):
+            ``"standard_error"`` (default; versions calibrated on training queries) or ``"share"`` (pseudo-queries,
+            and versions written before the rule was recorded).
         seeds: documents exactly scored after the first level, as the calibration's evidence was computed
             (None: :func:`adawidth.levels.default_seeds` of k).
         serve: ``"measured"`` (default: per target, the per-query model or the one calibrated z, whichever
@@ -52,6 +56,7 @@ class RecallPolicy:
     calibration_coordinates: np.ndarray | None = None
     k: int = 10
     margin_share: float = 0.25
+    margin_rule: str = "standard_error"
     seeds: int | None = None
     serve: str = "measured"
     # derived state and caches, never copied by dataclasses.replace (a copy with another ``serve`` decides afresh)
@@ -61,10 +66,13 @@ class RecallPolicy:
     _columns: dict = field(default_factory=dict, init=False, repr=False)
     _template: np.ndarray | None = field(default=None, init=False, repr=False)
     _serving: dict = field(default_factory=dict, init=False, repr=False)
+    _goals: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.serve not in ("measured", "model", "fixed"):
             raise ValueError(f"serve must be 'measured', 'model' or 'fixed', got {self.serve!r}")
+        if self.margin_rule not in recall_policy.MARGIN_RULES:
+            raise ValueError(f"margin_rule must be one of {recall_policy.MARGIN_RULES}, got {self.margin_rule!r}")
         if self.seeds is None:
             self.seeds = levels.default_seeds(self.k)
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
@@ -72,11 +80,20 @@ class RecallPolicy:
         self.forest = Forest.from_dump(self.booster.dump_model())
         self._template = recall_policy.design(np.zeros(len(self.feature_names)), self.z_grid)
 
+    def goal(self, target: float) -> float:
+        """The mean calibration recall ``target`` is calibrated to (cached): target + margin under
+        ``margin_rule`` (:func:`adawidth.recall_policy.calibration_goal`), at most 1."""
+        out = self._goals.get(target)
+        if out is None:
+            out = recall_policy.calibration_goal(target, self.calibration_recall, self.margin_rule, self.margin_share)
+            self._goals[target] = out
+        return out
+
     def bar(self, target: float) -> float:
-        """τ for ``target`` (cached): the lowest bar whose calibration choices meet target + margin; +inf for
+        """τ for ``target`` (cached): the lowest bar whose calibration choices meet :meth:`goal`; +inf for
         "the safest confidence", None when not even that meets it."""
         if target not in self._bars:
-            goal = min(target + recall_policy.safety_margin(target, self.margin_share), 1.0)
+            goal = self.goal(target)
             bar = recall_policy.calibrate_bar(self.calibration_pred, self.calibration_recall, goal)
             if not np.isfinite(bar) and not recall_policy.safest_meets(self.calibration_recall, goal):
                 bar = None  # not even the safest confidence meets it: the exact bound serves
@@ -115,7 +132,8 @@ class RecallPolicy:
         if bar is None:
             return "exact", None
         # recall_policy.choose for one query, scoring the grid's rows only up to the first that clears the bar
-        j = self.forest.first_at_least(self._rows(evidence), bar)
+        j = self.forest.first_at_least(self._rows(evidence), bar,
+                                       monotone=self.forest.increasing_in(len(self.feature_names)))
         return self.bound, float(self.z_grid[j if j >= 0 else len(self.z_grid) - 1])
 
     def seeds_for(self, k: int) -> int:
@@ -135,12 +153,11 @@ class RecallPolicy:
         return levels.ConfidenceModel.for_model(self.forest, [*self.feature_names, "z"], L, self.z_grid, bar)
 
     def fixed_z(self, target: float) -> float | None:
-        """The one calibrated confidence for ``target``: the smallest z of the grid whose mean calibration recall
-        meets target + margin (None when none does)."""
-        goal = min(target + recall_policy.safety_margin(target, self.margin_share), 1.0)
+        """The one calibrated confidence for ``target``: where the grid's mean calibration recall curve reaches
+        :meth:`goal`, interpolated between grid points (:func:`adawidth.recall_policy.interpolated_confidence`;
+        None when no grid point reaches it).  A level-scan confidence: any float serves."""
         mean = np.asarray(self.calibration_recall, np.float64).mean(axis=0)
-        j = np.flatnonzero(mean >= goal - 1e-12)
-        return float(self.z_grid[j[0]]) if len(j) else None
+        return recall_policy.interpolated_confidence(self.z_grid, mean, self.goal(target))
 
     def model_saving(self, target: float) -> float | None:
         """The share of the one calibrated z's mean work (multiply-adds) that the per-query choices save on the
@@ -151,7 +168,7 @@ class RecallPolicy:
             return None
         work = np.asarray(self.calibration_coordinates, np.float64)
         pick = recall_policy.choose(self.calibration_pred, bar)
-        fixed = work[:, int(np.flatnonzero(self.z_grid == z)[0])].mean()
+        fixed = float(np.interp(z, self.z_grid, work.mean(axis=0)))  # z may lie between grid points
         return float(1.0 - work[np.arange(len(work)), pick].mean() / max(fixed, 1.0))
 
     def serving(self, target: float, L: int) -> tuple[str, levels.ConfidenceModel | None, float | None]:

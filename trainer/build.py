@@ -643,11 +643,14 @@ def _levels_and_recall(ctx: BuildContext) -> None:
         ctx.recall = {"booster": booster, "oof": oof, "table": table,
                       "section": {"feature_names": list(table.feature_names), "z_grid": [float(z) for z in table.z_grid],
                                   "bound": opts.recall_bound, "k": 10, "seeds": default_seeds(10),
-                                  # pseudo-queries are not the users' queries: half the miss budget as margin
-                                  # (a quarter on real training queries; H4's SciFact measurement, FINDINGS)
+                                  # training queries: one standard error of the calibration mean as margin;
+                                  # pseudo-queries are not the users' queries: half the miss budget
                                   "margin_share": 0.25 if pseudo is None else 0.5,
+                                  "margin_rule": "standard_error" if pseudo is None else "share",
                                   "calibration_source": source,
-                                  "calibration": calibration_report(table, oof),
+                                  "calibration": calibration_report(
+                                      table, oof, margin_rule="standard_error" if pseudo is None else "share",
+                                      margin_share=0.25 if pseudo is None else 0.5),
                                   "pseudo_queries": pseudo.record if pseudo is not None else None}}
 
 
@@ -703,7 +706,8 @@ def _measure_backends(ctx: BuildContext) -> None:
     sec = r["section"]
     policy = r.get("loaded") or RecallPolicy(r["booster"], sec["feature_names"], np.asarray(sec["z_grid"]), sec["bound"],
                                              r["oof"], r["table"].recall, r["table"].coordinates, k=sec["k"],
-                                             margin_share=sec["margin_share"], seeds=sec.get("seeds"))
+                                             margin_share=sec["margin_share"],
+                                             margin_rule=sec.get("margin_rule", "share"), seeds=sec.get("seeds"))
     versions = {
         "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
         b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=AnnStage1(
@@ -753,6 +757,7 @@ def served_version(ctx: BuildContext) -> IndexVersion:
             recall = RecallPolicy(r["booster"], list(sec["feature_names"]), np.asarray(sec["z_grid"], np.float64),
                                   sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall,
                                   r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"],
+                                  margin_rule=sec.get("margin_rule", "share"),
                                   seeds=sec.get("seeds"))
     a = None
     if ctx.ann is not None:

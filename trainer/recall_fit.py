@@ -84,7 +84,10 @@ def concat_tables(tables: list[RecallTable]) -> RecallTable:
 
 
 def _fit(X: np.ndarray, y: np.ndarray, names: list[str], seed: int) -> lgb.Booster:
-    params = dict(LGB_PARAMS, seed=seed)
+    # non-decreasing in the last column (the confidence z, or the ANN effort): a larger z prunes less, so recall
+    # does not fall, and a model that says so lets serving find a query's first z clearing the bar by binary
+    # search (adawidth/_forest_eval.h: about 5 of the grid's 17 rows scored instead of up to 17)
+    params = dict(LGB_PARAMS, seed=seed, monotone_constraints=[0] * (len(names) - 1) + [1])
     return lgb.train(params, lgb.Dataset(X, y, feature_name=names, free_raw_data=False), NUM_ROUNDS)
 
 
@@ -114,24 +117,31 @@ def fit_recall_policy(table: RecallTable, *, folds: int = 4, seed: int = 0) -> t
 
 
 def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 0.99, 0.999),
-                       margin_share: float = 0.25) -> dict:
-    """Per target: the bar, the realised mean recall and work share of the choices on the calibration queries,
-    and the single fixed z of the grid that meets the target (the static baseline) with its work."""
+                       margin_share: float = 0.25, margin_rule: str = "standard_error") -> dict:
+    """Per target: the goal (target + margin, :func:`adawidth.recall_policy.calibration_goal`), the bar, the
+    realised mean recall and work of the per-query choices on the calibration queries, and the one calibrated z
+    for every query (the static baseline, :func:`adawidth.recall_policy.interpolated_confidence`) with its mean
+    calibration recall and work (both read off the grid's curve at that z)."""
     full = table.exact_coordinates.astype(np.float64)
     out = {}
     rows = np.arange(len(full))
+    mean_recall, mean_work = table.recall.mean(axis=0), table.coordinates.astype(np.float64).mean(axis=0)
     for t in targets:
-        goal = min(t + recall_policy.safety_margin(t, margin_share), 1.0)
+        goal = recall_policy.calibration_goal(t, table.recall, margin_rule, margin_share)
         bar = recall_policy.calibrate_bar(oof, table.recall, goal)
         if np.isfinite(bar) or recall_policy.safest_meets(table.recall, goal):
             pick = recall_policy.choose(oof, bar)
             rec, work = table.recall[rows, pick].mean(), table.coordinates[rows, pick].mean()
         else:
             rec, work = 1.0, full.mean()
-        fixed = next((j for j in range(len(table.z_grid)) if table.recall[:, j].mean() >= t), None)
-        out[str(t)] = {"bar": bar if np.isfinite(bar) else ("safest" if rec < 1.0 or work < full.mean() else "exact"), "recall": float(rec), "mean_coordinates": float(work),
-                       "fixed_z": None if fixed is None else float(table.z_grid[fixed]),
-                       "fixed_mean_coordinates": None if fixed is None else float(table.coordinates[:, fixed].mean())}
+        fixed = recall_policy.interpolated_confidence(table.z_grid, mean_recall, goal)
+        out[str(t)] = {"goal": round(float(goal), 6),
+                       "bar": bar if np.isfinite(bar) else ("safest" if rec < 1.0 or work < full.mean() else "exact"),
+                       "recall": float(rec), "mean_coordinates": float(work), "fixed_z": fixed,
+                       "fixed_recall": None if fixed is None else float(np.interp(fixed, table.z_grid, mean_recall)),
+                       "fixed_mean_coordinates": None if fixed is None else float(np.interp(fixed, table.z_grid,
+                                                                                            mean_work))}
+    out["margin_rule"] = margin_rule
     out["exact_mean_coordinates"] = float(full.mean())
     return out
 

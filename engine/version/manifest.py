@@ -54,6 +54,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -236,6 +237,11 @@ class RecallPolicySection(_Section):
     bound: str = Field(description="The level scan's probabilistic bound (data_aware or data_aware_doc).")
     k: int = 10
     margin_share: float = 0.25
+    margin_rule: Literal["standard_error", "share"] = Field(
+        "share", description="How a target's margin is set (adawidth.recall_policy.calibration_goal): "
+                             "'standard_error' (one standard error of the calibration mean; training queries) or "
+                             "'share' (margin_share of the miss budget; pseudo-queries, and versions written "
+                             "before this field).")
     calibration_source: str = Field(description="What the calibration queries were: 'train' (the training "
                                                 "split's queries) or 'pseudo:<kind>' (drawn from the corpus).")
     calibration_queries: int = 0

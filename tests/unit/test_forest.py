@@ -53,3 +53,26 @@ def test_first_at_least_is_the_first_row_whose_prediction_clears_the_bar():
         assert forest.first_at_least(rows, bar) == want
     with pytest.raises(ValueError):
         forest.first_at_least(np.ones((2, 5)), 0.0)
+
+
+def test_a_model_fitted_monotone_in_z_is_searched_by_bisection_and_finds_the_same_row():
+    """LightGBM's +1 monotone constraint on the last column (the recall policy's z): along a grid of z with the
+    other columns fixed the prediction never falls, so the bisection (monotone=True) finds the row the scan finds."""
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((2000, 4))
+    X[:, 3] = rng.uniform(1, 10, 2000)  # the "z" column
+    y = 1 / (1 + np.exp(-(X[:, 3] - 5 + X[:, 0] - 0.5 * X[:, 1]))) + 0.05 * rng.standard_normal(2000)
+    base = {"objective": "regression", "verbose": -1, "num_leaves": 15, "deterministic": True, "num_threads": 1}
+    free = Forest.from_dump(lgb.train(base, lgb.Dataset(X, y), 60).dump_model())
+    forest = Forest.from_dump(lgb.train(dict(base, monotone_constraints=[0, 0, 0, 1]), lgb.Dataset(X, y),
+                                        60).dump_model())
+    assert free.monotone == () and not free.increasing_in(3)
+    assert forest.monotone == (0, 0, 0, 1) and forest.increasing_in(3) and not forest.increasing_in(0)
+    z = np.linspace(1, 10, 17)
+    for q in rng.standard_normal((100, 3)):
+        rows = np.column_stack([np.tile(q, (len(z), 1)), z])
+        pred = forest.predict(rows)
+        assert np.all(np.diff(pred) >= 0)
+        for bar in (-1.0, *np.quantile(pred, [0.0, 0.3, 0.7, 1.0]).tolist(), pred[-1] + 1e-9, 2.0):
+            want = next((i for i, p in enumerate(pred) if p >= bar), -1)
+            assert forest.first_at_least(rows, bar, monotone=True) == forest.first_at_least(rows, bar) == want
