@@ -488,10 +488,10 @@ class ConfidenceModel:
         colmap = np.array([-2 if n == "z" else index.get(n, -1) for n in names], dtype=np.int32)
         return cls(forest, colmap, np.ascontiguousarray(z_grid, dtype=np.float64), float(bar))
 
-    @property
+    @cached_property
     def nodes(self) -> tuple:
         """The forest's seven node arrays, in the kernel's order, and whether the model is monotone increasing in
-        its z column (then the kernel finds the first z clearing the bar by binary search)."""
+        its z column (then the kernel finds the first z clearing the bar by binary search); computed once."""
         f = self.forest
         z_col = np.flatnonzero(self.colmap == -2)
         monotone = bool(len(z_col)) and f.increasing_in(int(z_col[0]))

@@ -67,6 +67,7 @@ class RecallPolicy:
     _template: np.ndarray | None = field(default=None, init=False, repr=False)
     _serving: dict = field(default_factory=dict, init=False, repr=False)
     _goals: dict = field(default_factory=dict, init=False, repr=False)
+    _monotone_z: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self):
         if self.serve not in ("measured", "model", "fixed"):
@@ -79,6 +80,8 @@ class RecallPolicy:
         # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
         self.forest = Forest.from_dump(self.booster.dump_model())
         self._template = recall_policy.design(np.zeros(len(self.feature_names)), self.z_grid)
+        # the model's z is its last column (recall_policy.design): monotone there, choose() bisects the grid
+        self._monotone_z = self.forest.increasing_in(len(self.feature_names))
 
     def goal(self, target: float) -> float:
         """The mean calibration recall ``target`` is calibrated to (cached): target + margin under
@@ -132,8 +135,7 @@ class RecallPolicy:
         if bar is None:
             return "exact", None
         # recall_policy.choose for one query, scoring the grid's rows only up to the first that clears the bar
-        j = self.forest.first_at_least(self._rows(evidence), bar,
-                                       monotone=self.forest.increasing_in(len(self.feature_names)))
+        j = self.forest.first_at_least(self._rows(evidence), bar, monotone=self._monotone_z)
         return self.bound, float(self.z_grid[j if j >= 0 else len(self.z_grid) - 1])
 
     def seeds_for(self, k: int) -> int:

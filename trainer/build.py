@@ -640,17 +640,15 @@ def _levels_and_recall(ctx: BuildContext) -> None:
             source = f"pseudo:{pseudo.record['mode']}"
             table = recall_table(ctx.levels, np.ascontiguousarray(QP @ ctx.R.T, np.float32), bound=opts.recall_bound)
         booster, oof = fit_recall_policy(table, seed=opts.seed)
+        # training queries: one standard error of the calibration mean as margin; pseudo-queries are not the
+        # users' queries: half the miss budget
+        margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if pseudo is None
+                  else {"margin_rule": "share", "margin_share": 0.5})
         ctx.recall = {"booster": booster, "oof": oof, "table": table,
                       "section": {"feature_names": list(table.feature_names), "z_grid": [float(z) for z in table.z_grid],
                                   "bound": opts.recall_bound, "k": 10, "seeds": default_seeds(10),
-                                  # training queries: one standard error of the calibration mean as margin;
-                                  # pseudo-queries are not the users' queries: half the miss budget
-                                  "margin_share": 0.25 if pseudo is None else 0.5,
-                                  "margin_rule": "standard_error" if pseudo is None else "share",
-                                  "calibration_source": source,
-                                  "calibration": calibration_report(
-                                      table, oof, margin_rule="standard_error" if pseudo is None else "share",
-                                      margin_share=0.25 if pseudo is None else 0.5),
+                                  **margin, "calibration_source": source,
+                                  "calibration": calibration_report(table, oof, **margin),
                                   "pseudo_queries": pseudo.record if pseudo is not None else None}}
 
 
