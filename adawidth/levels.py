@@ -110,7 +110,7 @@ class LevelLayout:
         """Number of levels."""
         return len(self.widths)
 
-    @property
+    @cached_property  # read on every query (frozen: computed once)
     def D(self) -> int:
         """Total coordinates."""
         return int(sum(self.widths))
@@ -125,7 +125,7 @@ class LevelLayout:
         """Coordinates held in float16, ``b_{fp16_levels}``."""
         return self.bounds[self.fp16_levels]
 
-    @property
+    @cached_property  # read on every exact query (frozen: computed once)
     def exact_first_levels(self) -> int:
         """Levels the exact mode scans for every document before it prunes: those within the first D/6
         coordinates (at least one; within the float16 levels when there are any).  The exact bound prunes little
@@ -534,7 +534,7 @@ class LevelState:
     evidence: LevelEvidence
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~6 us a query in object.__setattr__
 class LevelResult:
     """The top-k of one query.
 

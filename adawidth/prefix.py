@@ -121,9 +121,16 @@ def partial_scores_from_cosines(candidates: np.ndarray, cosines: np.ndarray, que
                          doc_sqnorm=ds, query_sqnorm=qs, width=m0)
 
 
+SMALL_ROW = 256
+"""Up to this many scores one stable sort is the cheaper exact top-k (27 against 6 us at 20 scores, 29 against 14
+at 256, 31 against 47 at 1,000, one thread): the rescoring of a short candidate list is the common case."""
+
+
 def _top_k_row(scores: np.ndarray, k: int) -> np.ndarray:
     """:func:`top_k` of one row, exact at the cutoff: every score above the k-th largest value, then the
     lowest positions among those equal to it."""
+    if scores.shape[0] <= SMALL_ROW:  # a stable sort of the negated scores: equal scores keep position order
+        return np.argsort(-scores, kind="stable")[:k].astype(np.int64)
     kth = np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k]
     above = np.flatnonzero(scores > kth)
     part = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])

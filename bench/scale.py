@@ -35,7 +35,7 @@ recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.
 * ``faiss_ivf_r<t>``: ``IndexIVFFlat`` (nlist = 4 sqrt(N)), nprobe tuned;
 * ``faiss_hnsw_panorama_r0.99``, ``faiss_ivf_panorama_r0.99``: their Panorama variants on our rotation;
 * ``ours_fixed_r<t>``: policy ``recall`` through the pipeline on an in-memory version holding an ANN first stage
-  (``--ours-ann``, default ``hnsw``, M = 32) whose effort is tuned to exactly t (no margin) on the training
+  (``--ours-ann``, default ``hnsw``, M = 32; more kinds give ``ours_<kind>_*`` rows too) whose effort is tuned to exactly t (no margin) on the training
   queries; candidates rescored exactly at full width;
 * ``ours_recall_<t>``: the same version with the **per-query effort** model (:meth:`engine.stage1.AnnStage1.
   per_query`): a probe search at the grid's cheapest effort, LightGBM over its evidence (:data:`engine.ann.
@@ -47,8 +47,9 @@ the run lowers ``ann_min_docs`` in effect): the ANN version above and the level 
 timed at recall 0.99 on 200 training queries (:func:`trainer.build.time_backends`), and when the level scan is
 faster the family's ``ours_fixed_r<t>`` is the level scan at one confidence z for every query (the smallest z
 of the grid whose mean training recall meets t plus the policy's margin; :class:`FixedConfidence`) and
-``ours_recall_<t>`` the level scan with the per-query confidence.  Each row's ``params`` records the pick
-(``picked``, ``pick``, ``pick_timings``).
+``ours_recall_<t>`` the level scan with the per-query confidence, and the ANN version's rows stay as
+``ours_<kind>_fixed_r<t>`` / ``ours_<kind>_recall_<t>`` (its per-query effort against its one tuned effort, in the
+same run).  Each row's ``params`` records the pick (``picked``, ``pick``, ``pick_timings``).
 
 ANN rows carry ``"family": "ann"``; a run with ``--methods ann`` replaces in ``summary.json`` only the rows of
 the same corpus, N, method, threads and family, and keeps every other row.  A recall-versus-p50 plot per
@@ -389,10 +390,12 @@ ANN_BASELINES = tuple(p[0] for p in ANN_PLAIN)
 
 
 def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict, doc_ids, faiss,
-                ours_kind: str = "hnsw", baselines: tuple[str, ...] = ANN_BASELINES) -> list[Method]:
+                ours_kinds: tuple[str, ...] = ("hnsw",), baselines: tuple[str, ...] = ANN_BASELINES) -> list[Method]:
     """The ANN methods of issue 19 (module docstring); efforts tuned on the training queries.  ``baselines``: the
     faiss ANN families to build (all by default; at 1M on this 24 GiB, 2-core machine a run may keep to a few,
-    and says so in its command)."""
+    and says so in its command).  ``ours_kinds``: the ANN first stages of our versions; the first one's rows are
+    ``ours_fixed_r<t>`` / ``ours_recall_<t>``, every other kind's ``ours_<kind>_fixed_r<t>`` /
+    ``ours_<kind>_recall_<t>``."""
     N, D = X_rot.shape
 
     def set_omp(t):
@@ -431,7 +434,19 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
                               {**params.as_dict(), ann.EFFORT_NAME[kind]: int(effort),
                                "train_recall_at_10": next(c["recall"] for c in curve if c["effort"] == effort),
                                "tuned_for_train_recall": tgt}, set_omp))
-    # ours: policy 'recall' through the pipeline on a version holding the ANN first stage
+    for n_kind, ours_kind in enumerate(ours_kinds):
+        out += _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind, built,
+                                "ours_" if n_kind == 0 else f"ours_{ours_kind}_")
+    for m in out:
+        m.family = "ann"
+    return out
+
+
+def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, built: dict, prefix: str) -> list[Method]:
+    """``<prefix>fixed_r<t>`` and ``<prefix>recall_<t>``: policy 'recall' through the pipeline on a version holding
+    an ANN first stage of ``ours_kind`` (M = 32), one tuned effort against the per-query effort model."""
+    N, D = X_rot.shape
+    out = []
     key = (ours_kind, 32)
     if key not in built:
         index, params, build_s = _faiss_ann(ours_kind, X_rot, 32)
@@ -452,7 +467,7 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     effort_policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=K)
     fit_s = time.perf_counter() - t
     print(f"  per-query effort model fitted in {fit_s:.1f}s on {len(Q['train'])} training queries", flush=True)
-    for margin, prefix, policy in ((0.0, "ours_fixed_r", None), (0.25, "ours_recall_", effort_policy)):
+    for margin, name, policy in ((0.0, prefix + "fixed_r", None), (0.25, prefix + "recall_", effort_policy)):
         stage = AnnStage1(index, params, curve, margin_share=margin,
                           bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params),
                           effort_policy=policy, docs=X_rot if policy is not None else None)
@@ -466,14 +481,12 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
 
             effort = stage.effort(tgt)
             extra = {"bar": effort_policy.bar(tgt)} if policy is not None else {}
-            out.append(Method(f"{prefix}{tgt:g}", run, mem, build_s + (fit_s if policy is not None else 0.0),
+            out.append(Method(f"{name}{tgt:g}", run, mem, build_s + (fit_s if policy is not None else 0.0),
                               {"backend": ours_kind, **params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort,
                                "margin_share": margin, "served_exact": effort is None and policy is None,
                                "per_query_effort": policy is not None, **extra,
                                "tuning_queries": len(Q["train"])}, set_threads))
             out[-1].version = version
-    for m in out:
-        m.family = "ann"
     return out
 
 
@@ -493,8 +506,10 @@ def picked_backend(ann_ms: list[Method], levels_ctx: dict, X_rot: np.ndarray, R:
     measured = time_backends({kind: ann_version, "flat": levels_ctx["version"]}, X_rot, Qs, 0.99)
     pick, why = ann.pick_by_latency(measured)
     print(f"[{corpus}] backend pick (training queries): {why}", flush=True)
-    if pick == "flat":
-        ann_ms = [m for m in ann_ms if not m.name.startswith("ours")]
+    if pick == "flat":  # the level scan serves ours_*; the ANN's own rows stay, named by their kind
+        for m in ann_ms:
+            if m.name.startswith(("ours_fixed_r", "ours_recall_")):
+                m.name = f"ours_{kind}_" + m.name[len("ours_"):]
         ann_ms += level_ann_family(levels_ctx, X_rot, R, E, doc_ids)
     for m in ann_ms:
         if m.name.startswith("ours"):
@@ -626,11 +641,11 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
         ours, report, levels_ctx = our_methods(X_rot, R, E, Q["train"], data["doc_ids"])
         methods += ours
     if args.methods in ("ann", "all"):
-        ann_ms = [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, args.ours_ann,
+        ann_ms = [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, tuple(args.ours_ann),
                                          tuple(args.ann_baselines))
                   if not (args.methods == "all" and m.name == "faiss_flat")]
         if levels_ctx is not None:
-            ann_ms = picked_backend(ann_ms, levels_ctx, X_rot, R, E, data["doc_ids"], args.ours_ann, name)
+            ann_ms = picked_backend(ann_ms, levels_ctx, X_rot, R, E, data["doc_ids"], args.ours_ann[0], name)
         methods += ann_ms
     print(f"[{name}] methods built: " + ", ".join(f"{m.name} {m.build_s:.1f}s" for m in methods), flush=True)
     rows = []
@@ -759,8 +774,11 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="base", choices=["base", "ann", "all"],
                     help="base: issue 15's methods; ann: issue 19's ANN methods; all: both (each run replaces only the "
                          "rows it measures in summary.json)")
-    ap.add_argument("--ours-ann", default="hnsw", choices=list(ann.ANN_KINDS),
-                    help="the ANN kind of ours_fixed / ours_recall (M = 32)")
+    ap.add_argument("--ours-ann", nargs="+", default=["hnsw"], choices=list(ann.ANN_KINDS),
+                    help="the ANN kinds of our ANN versions (M = 32): the first one's rows are ours_fixed_r<t> / "
+                         "ours_recall_<t> (the level scan's when the backend pick keeps it; the ANN's are then "
+                         "ours_<kind>_fixed_r<t> / ours_<kind>_recall_<t>), every other kind's "
+                         "ours_<kind>_fixed_r<t> / ours_<kind>_recall_<t>")
     ap.add_argument("--ann-baselines", nargs="+", default=list(ANN_BASELINES), choices=list(ANN_BASELINES),
                     help="the faiss ANN families to build and tune (default: all)")
     ap.add_argument("--render", action="store_true",

@@ -331,14 +331,71 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
 class AnnHits:
     """One query's ANN candidates: ``rows`` (c,) int64 best first (no -1), ``work`` multiply-adds it cost
     (documents whose distance was computed × D, and the IVF centroids; HNSW counts from faiss's global
-    statistics, so approximate under concurrent searches)."""
+    statistics, so approximate under concurrent searches), and for an IVF search asked for them
+    (:func:`search`'s ``centroids``) every centroid ranked: ``centroid_scores`` (nlist,) float32 the query's
+    inner products with them, best first (higher is closer), ``centroid_lists`` (nlist,) int64 their list ids;
+    None otherwise."""
 
     rows: np.ndarray
     work: int
+    centroid_scores: np.ndarray | None = None
+    centroid_lists: np.ndarray | None = None
+
+
+def _selector(allowed: np.ndarray | None):
+    if allowed is None:
+        return None
+    bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
+    sel = faiss.IDSelectorBitmap(int(len(allowed)), faiss.swig_ptr(bits))
+    sel.bits_ref = bits  # the selector reads the bitmap: keep it alive with the selector
+    return sel
+
+
+def scan_lists(index: faiss.Index, query: np.ndarray, k: int, lists: np.ndarray, scores: np.ndarray,
+               allowed: np.ndarray | None = None) -> AnnHits:
+    """The top ``k`` of an IVF index's given inverted lists, without a quantizer pass (the continuation of a
+    probe: :func:`continue_search`).
+
+    Args:
+        index: an IVF index (:func:`build_index`).
+        query: (D,) float32 rotated query.
+        k: candidates wanted.
+        lists: (p,) int64 list ids to scan; scores: (p,) float32 their centroid scores (faiss's coarse
+            distances; an inner-product IVF-Flat scores documents exactly and ignores them).
+        allowed: (N,) bool restriction, or None.
+
+    Returns:
+        :class:`AnnHits` whose work is the scanned documents × D (no centroid work; faiss's global statistics,
+        so approximate under concurrent searches, as HNSW's).
+    """
+    q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
+    ca = np.ascontiguousarray(np.asarray(lists, np.int64)[None, :])
+    cd = np.ascontiguousarray(np.asarray(scores, np.float32)[None, :])
+    nprobe = ca.shape[1]
+    if nprobe == 0:
+        return AnnHits(np.empty(0, np.int64), 0)
+    stats = faiss.cvar.indexIVF_stats  # documents scanned, as HNSW's count (a Python loop over list_size cost
+    before = int(stats.ndis)           # ~3 us a list: 1 ms a query at nprobe 365)
+    p = faiss.SearchParametersIVF()  # per call: the index's own nprobe is shared by concurrent searches
+    p.nprobe = nprobe
+    sel = _selector(allowed)
+    if sel is not None:
+        p.sel = sel
+    D = np.empty((1, int(k)), np.float32)
+    I = np.empty((1, int(k)), np.int64)
+    # the C++ search over the given lists (the Python wrapper refuses parameters)
+    index.search_preassigned_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(ca), faiss.swig_ptr(cd),
+                               faiss.swig_ptr(D), faiss.swig_ptr(I), False, p)
+    if "Panorama" in type(index).__name__:  # its ndis leaves out the documents its levels pruned
+        scanned = sum(index.invlists.list_size(int(c)) for c in ca[0] if c >= 0)
+    else:
+        scanned = max(int(stats.ndis) - before, 0)
+    rows = I[0]
+    return AnnHits(rows[rows >= 0].astype(np.int64), scanned * q.shape[1])
 
 
 def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
-           allowed: np.ndarray | None = None) -> AnnHits:
+           allowed: np.ndarray | None = None, centroids: bool = False) -> AnnHits:
     """The ANN top ``k`` candidates of one rotated query at one effort.
 
     Args:
@@ -348,41 +405,29 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
         k: candidates wanted (HNSW's beam is raised to at least k).
         effort: nprobe (IVF) or efSearch (HNSW).
         allowed: (N,) bool restriction (a faiss ID selector), or None.
+        centroids: IVF only: also return every centroid ranked by its score (the quantizer scores every
+            centroid anyway; the work is the same).
 
     Returns:
         :class:`AnnHits`.
     """
     q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
     d = q.shape[1]
-    sel = None
-    if allowed is not None:
-        bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
-        sel = faiss.IDSelectorBitmap(int(len(allowed)), faiss.swig_ptr(bits))
     if kind.startswith("ivf"):
         nprobe = int(min(max(effort, 1), index.nlist))
-        cd, ca = index.quantizer.search(q, nprobe)
-        scanned = sum(index.invlists.list_size(int(c)) for c in ca[0] if c >= 0)
-        p = faiss.SearchParametersIVF()  # per call: the index's own nprobe is shared by concurrent searches
-        p.nprobe = nprobe
-        if sel is not None:
-            p.sel = sel
-        D = np.empty((1, int(k)), np.float32)
-        I = np.empty((1, int(k)), np.int64)
-        ca = np.ascontiguousarray(ca, np.int64)
-        cd = np.ascontiguousarray(cd, np.float32)
-        # the C++ search over the lists the quantizer chose (the Python wrapper refuses parameters)
-        index.search_preassigned_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(ca), faiss.swig_ptr(cd),
-                                   faiss.swig_ptr(D), faiss.swig_ptr(I), False, p)
-        work = (index.nlist + scanned) * d
-    else:
-        p = faiss.SearchParametersHNSW()
-        p.efSearch = int(max(effort, k))
-        if sel is not None:
-            p.sel = sel
-        stats = faiss.cvar.hnsw_stats
-        before = int(stats.ndis)
-        _, I = index.search(q, int(k), params=p)
-        work = max(int(stats.ndis) - before, 0) * d
+        cd, ca = index.quantizer.search(q, index.nlist if centroids else nprobe)
+        hits = scan_lists(index, q[0], k, ca[0, :nprobe], cd[0, :nprobe], allowed)
+        return AnnHits(hits.rows, index.nlist * d + hits.work, cd[0].copy() if centroids else None,
+                       ca[0].astype(np.int64) if centroids else None)
+    p = faiss.SearchParametersHNSW()
+    p.efSearch = int(max(effort, k))
+    sel = _selector(allowed)
+    if sel is not None:
+        p.sel = sel
+    stats = faiss.cvar.hnsw_stats
+    before = int(stats.ndis)
+    _, I = index.search(q, int(k), params=p)
+    work = max(int(stats.ndis) - before, 0) * d
     rows = I[0]
     return AnnHits(rows[rows >= 0].astype(np.int64), int(work))
 
@@ -402,8 +447,14 @@ def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) 
 
 # -- per-query effort (LAET / DARTH style) ----------------------------------------------------------------------
 
+CENTROID_RANKS = (2, 4, 8, 16, 32, 64)
+"""The centroid ranks j whose score gap ``c_1 - c_j`` is evidence (IVF probes)."""
+CENTROID_MARGINS = (0.0, 0.05, 0.1)
+"""Margins δ of the centroid counts ``#{j <= 64: c_j >= s_k - δ}`` (IVF probes)."""
 EFFORT_FEATURES = ("probe_s1", "probe_sk", "probe_gap", "probe_gap12", "probe_mean", "probe_std", "probe_found",
-                   "probe_distances", "energy16", "energy64")
+                   "probe_distances", "energy16", "energy64", "centroid_c1", "centroid_sk_gap",
+                   *(f"centroid_gap{j}" for j in CENTROID_RANKS),
+                   *(f"centroids_above_sk_{d:g}" for d in CENTROID_MARGINS))
 """Early evidence of one query for the per-query effort model, in the model's order (:class:`AnnEvidence`)."""
 
 
@@ -415,16 +466,27 @@ class AnnEvidence:
         values: :data:`EFFORT_FEATURES` -> float: the probe's exact full-width top-k scores (``s1`` best,
             ``sk`` the k-th, ``gap`` = s1 - sk, ``gap12`` = s1 - s2, their mean and standard deviation; inner
             products of unit vectors, higher is closer), candidates found, distance computations (the probe's
-            work / D), and the query's energy in its leading 16 and 64 rotated coordinates (sum of squares of a
-            unit vector, in [0, 1]).
+            work / D), the query's energy in its leading 16 and 64 rotated coordinates (sum of squares of a
+            unit vector, in [0, 1]), and for an IVF index the distances to the nearest centroids (LAET's
+            strongest evidence for IVF): the best centroid score ``c_1``, ``s_k - c_1``, the gaps ``c_1 - c_j``
+            (j in :data:`CENTROID_RANKS`) and how many of the 64 nearest centroids score at least ``s_k - δ``
+            (δ in :data:`CENTROID_MARGINS`: lists that may still hold a document beating the probe's k-th);
+            NaN for HNSW (LightGBM's missing value).
         rows: (c,) int64 the probe's candidates, rescored, best first: the answer when the probe's effort is
             the one chosen.
         work: the probe's multiply-adds.
+        effort: the probe's effort.
+        centroid_lists: IVF: (nlist,) int64 every list id by its centroid's score, best first (the probe
+            scanned the first ``effort``; :func:`continue_search` scans on from there); None for HNSW.
+        centroid_scores: IVF: (nlist,) float32 those scores; None for HNSW.
     """
 
     values: dict
     rows: np.ndarray
     work: int
+    effort: int = 0
+    centroid_lists: np.ndarray | None = None
+    centroid_scores: np.ndarray | None = None
 
     def features(self, k: int) -> dict:
         """The evidence values (``k`` is the policy's; the probe already searched at it)."""
@@ -435,9 +497,9 @@ def probe(index: faiss.Index, kind: str, X_rot: np.ndarray, query: np.ndarray, k
           allowed: np.ndarray | None = None) -> AnnEvidence:
     """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the grid's cheapest), rescore its ``k``
     candidates exactly over ``X_rot`` ((N, D) float32) and read the evidence the per-query effort model takes
-    (:class:`AnnEvidence`).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first steps
-    predict the termination a query needs) and DARTH (SIGMOD 2026: recall-targeted early termination)."""
-    hits = search(index, kind, query, k, effort, allowed)
+    (:class:`AnnEvidence`).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first steps,
+    for IVF the distances to the nearest centroids, predict the termination a query needs) and DARTH (SIGMOD 2026: recall-targeted early termination)."""
+    hits = search(index, kind, query, k, effort, allowed, centroids=True)
     rows, scores = exact_rerank(X_rot, query, hits.rows, k)
     q = np.asarray(query, np.float64)
     s = np.asarray(scores, np.float64)
@@ -454,7 +516,48 @@ def probe(index: faiss.Index, kind: str, X_rot: np.ndarray, query: np.ndarray, k
         "energy16": float(np.dot(q[:16], q[:16])),
         "energy64": float(np.dot(q[:64], q[:64])),
     }
-    return AnnEvidence(values, rows, int(hits.work))
+    c = None if hits.centroid_scores is None else np.asarray(hits.centroid_scores[:CENTROID_RANKS[-1]], np.float64)
+    sk = values["probe_sk"]
+    values["centroid_c1"] = float(c[0]) if c is not None and len(c) else nan
+    values["centroid_sk_gap"] = sk - values["centroid_c1"]  # NaN when either is missing
+    for j in CENTROID_RANKS:
+        values[f"centroid_gap{j}"] = float(c[0] - c[j - 1]) if c is not None and len(c) >= j else nan
+    for d in CENTROID_MARGINS:
+        values[f"centroids_above_sk_{d:g}"] = (float(np.count_nonzero(c >= sk - d)) if c is not None
+                                               and len(c) and np.isfinite(sk) else nan)
+    return AnnEvidence(values, rows, int(hits.work), int(effort), hits.centroid_lists, hits.centroid_scores)
+
+
+def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev: AnnEvidence, effort: int,
+                    allowed: np.ndarray | None = None) -> AnnHits:
+    """The candidates of one query at ``effort`` after its probe ``ev`` (:func:`probe`), the probe's work included.
+
+    IVF resumes the probe: it scans only the lists after the probe's, in the probe's centroid order (no second
+    quantizer pass, no list scanned twice), so a query served at nprobe p costs what a search at p costs.  HNSW
+    cannot resume (faiss keeps no search state), so it searches again at ``effort`` and pays the probe on top.
+    The candidates are the probe's and the new search's together (the exact rescoring ranks them); at an effort
+    no larger than the probe's they are the probe's own.
+
+    Args:
+        index, kind: the ANN index and its kind.
+        query: (D,) float32 rotated query; k: candidates wanted per search.
+        ev: the query's probe.
+        effort: nprobe or efSearch.
+        allowed: (N,) bool restriction, or None (as the probe's).
+
+    Returns:
+        :class:`AnnHits`: rows (c,) int64 (up to 2k), work = the probe's + the continuation's multiply-adds.
+    """
+    if int(effort) <= ev.effort:
+        return AnnHits(ev.rows, ev.work)
+    if kind.startswith("ivf") and ev.centroid_lists is not None:
+        hi = int(min(effort, len(ev.centroid_lists)))
+        hits = scan_lists(index, query, k, ev.centroid_lists[ev.effort:hi], ev.centroid_scores[ev.effort:hi],
+                          allowed)
+    else:
+        hits = search(index, kind, query, k, effort, allowed)
+    rows = np.concatenate([ev.rows, hits.rows[~np.isin(hits.rows, ev.rows)]])
+    return AnnHits(rows, ev.work + hits.work)
 
 
 # -- effort tuning -------------------------------------------------------------------------------------------

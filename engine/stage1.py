@@ -468,8 +468,9 @@ class AnnStage1:
                   allowed: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
         """The candidates of one rotated query ((D,) float32) at the effort the per-query model chooses for
         ``target``: the probe at the grid's cheapest effort, then the cheapest effort whose predicted recall
-        clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`); when that is the
-        probe's effort the probe's candidates are the answer.  Returns (hits with the probe's work included,
+        clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`), searched on from the
+        probe (:func:`engine.ann.continue_search`); when that is the probe's effort the probe's candidates are
+        the answer.  Returns (hits with the probe's work included,
         effort, probe's multiply-adds).  Without a model it is :meth:`search` at :meth:`effort`."""
         if self.effort_policy is None or int(k) != int(self.effort_policy.k):  # calibrated at its k only
             effort = self.effort(target)
@@ -477,11 +478,9 @@ class AnnStage1:
         grid = self.effort_policy.z_grid
         ev = ann.probe(self.index, self.kind, self.docs, query, k, int(grid[0]), allowed)
         bound, z = self.effort_policy.choose(ev, float(target))
-        effort = int(grid[-1]) if z is None else int(z)
-        if effort <= int(grid[0]):
-            return ann.AnnHits(ev.rows, ev.work), int(grid[0]), ev.work
-        hits = self.search(query, k, effort, allowed)
-        return ann.AnnHits(hits.rows, hits.work + ev.work), effort, ev.work
+        effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
+        # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)
+        return ann.continue_search(self.index, self.kind, query, k, ev, effort, allowed), effort, ev.work
 
     def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:
         """The ANN candidates of one rotated query ((D,) float32) at ``effort``; see :func:`engine.ann.search`."""

@@ -160,8 +160,8 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
 
     Returns:
         A :class:`RecallTable` whose ``z_grid`` is the effort grid: ``recall`` (Q, E) realised recall@k against
-        exhaustive search, ``coordinates`` (Q, E) multiply-adds served (the probe, plus the search unless the
-        effort is the probe's), ``exact_coordinates`` (Q,) N·D.
+        exhaustive search, ``coordinates`` (Q, E) multiply-adds served (the probe, plus its continuation
+        :func:`engine.ann.continue_search` unless the effort is the probe's), ``exact_coordinates`` (Q,) N·D.
     """
     efforts = np.asarray(efforts if efforts is not None else ann.effort_grid(params), dtype=np.float64)
     truth = ann.exhaustive_top_k(X_rot, Q_rot, k) if truth is None else truth
@@ -175,9 +175,9 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
         for j, e in enumerate(efforts):
             if j == 0:
                 rows, w = ev.rows, ev.work
-            else:
-                hits = ann.search(index, params.kind, q, k, int(e))
-                rows, w = ann.exact_rerank(X_rot, q, hits.rows, k)[0], ev.work + hits.work
+            else:  # as served (engine.stage1.AnnStage1.per_query): on from the probe
+                hits = ann.continue_search(index, params.kind, q, k, ev, int(e))
+                rows, w = ann.exact_rerank(X_rot, q, hits.rows, k)[0], hits.work
             rec[i, j] = len(t.intersection(rows.tolist())) / max(len(t), 1)
             work[i, j] = w
     exact = np.full(Q, X_rot.shape[0] * X_rot.shape[1], dtype=np.int64)

@@ -198,3 +198,49 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     # a k the model was not calibrated at: the target's one tuned effort
     r = Pipeline().search(v, [SearchSpec("q", k=20, width="auto", recall_target=0.95)], embeddings=Qe[:1])[0]
     assert r.trace["effort"] == a.effort(0.95)
+
+
+@pytest.mark.parametrize("kind", ["ivf", "ivf_panorama"])
+def test_an_ivf_probe_resumes_and_costs_what_one_search_at_its_effort_costs(corpus, kind):
+    X, Qt, Qe = corpus
+    p = ann.default_params(kind, len(X))
+    index = ann.build_index(X, p)
+    truth = ann.exhaustive_top_k(X, Qe)
+    allowed = np.ones(len(X), bool)
+    allowed[1::3] = False
+    for q in Qe[:20]:
+        ev = ann.probe(index, kind, X, q, 10, 2)
+        assert ev.effort == 2 and len(ev.centroid_lists) == p.nlist == len(set(ev.centroid_lists.tolist()))
+        assert np.all(np.diff(ev.centroid_scores) <= 0)  # every centroid, best first
+        assert ann.continue_search(index, kind, q, 10, ev, 1).rows is ev.rows  # at or below the probe's effort
+        for effort in (2, 3, 5, p.nlist):
+            one = ann.search(index, kind, q, 10, effort)
+            got = ann.continue_search(index, kind, q, 10, ev, effort)
+            # the same lists, each scanned once: the same top 10 and the same work as one search at that effort
+            assert ann.exact_rerank(X, q, got.rows, 10)[0].tolist() == ann.exact_rerank(X, q, one.rows, 10)[0].tolist()
+            assert got.work == one.work
+        fev = ann.probe(index, kind, X, q, 10, 2, allowed)
+        got = ann.continue_search(index, kind, q, 10, fev, p.nlist, allowed)
+        assert allowed[got.rows].all() and len(got.rows) >= 10
+    # scanning on to every list is exhaustive search
+    ev = ann.probe(index, kind, X, Qe[0], 10, 1)
+    rows = ann.exact_rerank(X, Qe[0], ann.continue_search(index, kind, Qe[0], 10, ev, p.nlist).rows, 10)[0]
+    assert set(rows.tolist()) == set(truth[0].tolist())
+
+
+def test_the_probe_reads_centroid_distances_for_ivf_and_leaves_them_missing_for_hnsw(corpus):
+    X, Qt, Qe = corpus
+    ivf = ann.build_index(X, ann.default_params("ivf", len(X)))
+    ev = ann.probe(ivf, "ivf", X, Qe[0], 10, 1)
+    assert tuple(ev.values) == ann.EFFORT_FEATURES
+    c = ev.centroid_scores
+    assert ev.values["centroid_c1"] == pytest.approx(float(c[0])) and ev.values["centroid_gap2"] >= 0
+    gaps = [ev.values[f"centroid_gap{j}"] for j in ann.CENTROID_RANKS]
+    assert gaps == sorted(gaps)  # gaps grow with the rank
+    above = [ev.values[f"centroids_above_sk_{d:g}"] for d in ann.CENTROID_MARGINS]
+    assert above == sorted(above) and above[0] == np.count_nonzero(c[:64] >= ev.values["probe_sk"])
+    assert len(c) == 102 and ev.values["centroid_gap64"] == pytest.approx(float(c[0] - c[63]))  # nlist 102
+    hnsw = ann.build_index(X, ann.default_params("hnsw", len(X), M=8))
+    hv = ann.probe(hnsw, "hnsw", X, Qe[0], 10, 10)
+    assert all(np.isnan(hv.values[n]) for n in ann.EFFORT_FEATURES if n.startswith("centroid"))
+    assert hv.centroid_lists is None and ann.continue_search(hnsw, "hnsw", Qe[0], 10, hv, 10).rows is hv.rows

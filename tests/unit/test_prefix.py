@@ -100,3 +100,10 @@ def test_top_k_breaks_ties_by_position_also_at_the_cutoff():
     assert top_k(np.ones(5), 2).tolist() == [0, 1] and top_k(np.ones((2, 5)), 0).shape == (2, 0)
     with pytest.raises(ValueError):
         top_k(np.ones((2, 2, 2)), 1)
+    # the short rows' stable sort and the long rows' partition agree on either side of the switch, -0.0 included
+    from adawidth.prefix import SMALL_ROW
+    for C in (SMALL_ROW - 1, SMALL_ROW, SMALL_ROW + 1, 4 * SMALL_ROW):
+        for k in (1, 10, C):
+            s = rng.integers(-2, 3, size=C).astype(np.float32) * rng.choice([1.0, -0.0], size=C).astype(np.float32)
+            want = np.array(sorted(range(C), key=lambda j: (-s[j], j))[:k], dtype=np.int64)
+            assert np.array_equal(top_k(s, k), want)
