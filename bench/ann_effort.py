@@ -2,8 +2,9 @@
 
 For one corpus: an HNSW index (M = 32, efConstruction 80; ``--kind hnsw``) or an IVF-Flat index (nlist = 4 sqrt(N);
 ``--kind ivf``) over the PCA-rotated documents; every training and test query probed at the grid's cheapest effort
-(efSearch 10, nprobe 1) and searched at every effort of :func:`engine.ann.effort_grid`, rescored exactly at full
-width (:func:`trainer.recall_fit.effort_table`).  The per-query model (LightGBM over the
+(efSearch 10, nprobe 1) and searched at every effort of :func:`engine.ann.effort_grid`, ranked by faiss's
+full-width scores (:func:`trainer.recall_fit.effort_table`; the whole grid, not the served cap of
+:func:`engine.ann.model_efforts`).  The per-query model (LightGBM over the
 probe's evidence, :data:`engine.ann.EFFORT_FEATURES`) is fitted on the training queries; on the test queries
 the script reports
 
@@ -94,7 +95,7 @@ def run(name: str, n: int, kind: str = "hnsw") -> dict:
     fixed = []
     for e in test.z_grid:  # one effort for every query: a plain search, no probe
         got = [ann.search(index, kind, q, 10, int(e)) for q in QEr]
-        rec = ann.recall_at([ann.exact_rerank(Xr, q, h.rows, 10)[0] for q, h in zip(QEr, got)], truth)
+        rec = ann.recall_at([ann.ranked(h.rows, h.scores, 10)[0] for q, h in zip(QEr, got)], truth)
         w = np.array([h.work for h in got], dtype=np.float64)
         fixed.append({"effort": int(e), "effort_name": effort, "recall": float(rec.mean()),
                       "mean_work": float(w.mean()), "p50_work": float(np.median(w))})

@@ -455,14 +455,15 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     index, params, curve, build_s = built[key]
     if curve[-1]["recall"] < 0.997 and curve[-1]["effort"] < ann.effort_grid(params)[-1]:
         curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997)
-    mem = _index_bytes(index, faiss) + N * D * 4  # the index and the documents the exact rescoring reads
+    mem = _index_bytes(index, faiss) + D * D * 4  # the index (faiss scores the candidates at full width) and R
     pipe = Pipeline()
 
     def set_threads(tn):
         faiss.omp_set_num_threads(tn)
 
     t = time.perf_counter()
-    table = effort_table(index, params, X_rot, Q["train"], k=K, truth=truth["train"])
+    table = effort_table(index, params, X_rot, Q["train"], k=K, truth=truth["train"],
+                         efforts=ann.model_efforts(params, curve))
     booster, oof = fit_recall_policy(table)
     effort_policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=K)
     fit_s = time.perf_counter() - t
@@ -470,7 +471,7 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     for margin, name, policy in ((0.0, prefix + "fixed_r", None), (0.25, prefix + "recall_", effort_policy)):
         stage = AnnStage1(index, params, curve, margin_share=margin,
                           bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params),
-                          effort_policy=policy, docs=X_rot if policy is not None else None)
+                          effort_policy=policy)
         version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
         for tgt in ANN_TARGETS:
             spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)

@@ -329,9 +329,12 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
 
 @dataclass(frozen=True)
 class AnnHits:
-    """One query's ANN candidates: ``rows`` (c,) int64 best first (no -1), ``work`` multiply-adds it cost
-    (documents whose distance was computed × D, and the IVF centroids; HNSW counts from faiss's global
-    statistics, so approximate under concurrent searches), and for an IVF search asked for them
+    """One query's ANN candidates: ``rows`` (c,) int64 best first (no -1), ``scores`` (c,) float32 their inner
+    products with the query at full width as faiss computed them (every kind of :data:`ANN_KINDS` stores the
+    float32 vectors and scores a returned document in full, Panorama's too: exact up to float32 rounding, higher
+    is closer; HNSW Panorama's squared L2 distances converted for unit documents), ``work``
+    multiply-adds it cost (documents whose distance was computed × D, and the IVF centroids; HNSW counts from
+    faiss's global statistics, so approximate under concurrent searches), and for an IVF search asked for them
     (:func:`search`'s ``centroids``) every centroid ranked: ``centroid_scores`` (nlist,) float32 the query's
     inner products with them, best first (higher is closer), ``centroid_lists`` (nlist,) int64 their list ids;
     None otherwise."""
@@ -340,6 +343,36 @@ class AnnHits:
     work: int
     centroid_scores: np.ndarray | None = None
     centroid_lists: np.ndarray | None = None
+    scores: np.ndarray | None = None
+
+
+def _hits(index: faiss.Index, q: np.ndarray, D: np.ndarray, I: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """faiss's one-query answer ((1, k) float32 distances, (1, k) int64 labels) without its -1 padding, as inner
+    products: an L2 index (faiss's HNSW Panorama has no inner-product metric) answers ||q - x||^2, which for unit
+    documents is ||q||^2 + 1 - 2 q.x."""
+    rows, d = I[0], D[0]
+    if len(rows) and rows[-1] < 0:  # faiss pads a short answer at its end
+        keep = rows >= 0
+        rows, d = rows[keep], d[keep]
+    if index.metric_type == faiss.METRIC_L2:
+        d = (np.float32(np.dot(q[0], q[0])) + np.float32(1.0) - d) * np.float32(0.5)
+    return rows, d
+
+
+def ranked(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of candidates ((c,) int64 rows, (c,) scores, higher is better): (rows (k',) int64, scores
+    (k',) float64), best first, ties by the lower row (as :func:`exact_rerank`); rows appearing twice count once."""
+    rows = np.asarray(rows, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(rows) == 0:
+        return rows, scores
+    order = np.lexsort((rows, -scores))
+    rows, scores = rows[order], scores[order]
+    _, first = np.unique(rows, return_index=True)  # each row at its best place
+    if len(first) < len(rows):
+        first.sort()
+        rows, scores = rows[first], scores[first]
+    return rows[:k], scores[:k]
 
 
 def _selector(allowed: np.ndarray | None):
@@ -373,7 +406,7 @@ def scan_lists(index: faiss.Index, query: np.ndarray, k: int, lists: np.ndarray,
     cd = np.ascontiguousarray(np.asarray(scores, np.float32)[None, :])
     nprobe = ca.shape[1]
     if nprobe == 0:
-        return AnnHits(np.empty(0, np.int64), 0)
+        return AnnHits(np.empty(0, np.int64), 0, scores=np.empty(0, np.float32))
     stats = faiss.cvar.indexIVF_stats  # documents scanned, as HNSW's count (a Python loop over list_size cost
     before = int(stats.ndis)           # ~3 us a list: 1 ms a query at nprobe 365)
     p = faiss.SearchParametersIVF()  # per call: the index's own nprobe is shared by concurrent searches
@@ -390,8 +423,8 @@ def scan_lists(index: faiss.Index, query: np.ndarray, k: int, lists: np.ndarray,
         scanned = sum(index.invlists.list_size(int(c)) for c in ca[0] if c >= 0)
     else:
         scanned = max(int(stats.ndis) - before, 0)
-    rows = I[0]
-    return AnnHits(rows[rows >= 0].astype(np.int64), scanned * q.shape[1])
+    rows, scores = _hits(index, q, D, I)
+    return AnnHits(rows, scanned * q.shape[1], scores=scores)
 
 
 def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
@@ -418,7 +451,7 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
         cd, ca = index.quantizer.search(q, index.nlist if centroids else nprobe)
         hits = scan_lists(index, q[0], k, ca[0, :nprobe], cd[0, :nprobe], allowed)
         return AnnHits(hits.rows, index.nlist * d + hits.work, cd[0].copy() if centroids else None,
-                       ca[0].astype(np.int64) if centroids else None)
+                       ca[0].astype(np.int64) if centroids else None, hits.scores)
     p = faiss.SearchParametersHNSW()
     p.efSearch = int(max(effort, k))
     sel = _selector(allowed)
@@ -426,10 +459,10 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
         p.sel = sel
     stats = faiss.cvar.hnsw_stats
     before = int(stats.ndis)
-    _, I = index.search(q, int(k), params=p)
+    D, I = index.search(q, int(k), params=p)
     work = max(int(stats.ndis) - before, 0) * d
-    rows = I[0]
-    return AnnHits(rows[rows >= 0].astype(np.int64), int(work))
+    rows, scores = _hits(index, q, D, I)
+    return AnnHits(rows, int(work), scores=scores)
 
 
 def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -460,20 +493,20 @@ EFFORT_FEATURES = ("probe_s1", "probe_sk", "probe_gap", "probe_gap12", "probe_me
 
 @dataclass
 class AnnEvidence:
-    """The probe of one query: its search at the cheapest effort of the grid, rescored exactly.
+    """The probe of one query: its search at the cheapest effort of the grid.
 
     Attributes:
-        values: :data:`EFFORT_FEATURES` -> float: the probe's exact full-width top-k scores (``s1`` best,
-            ``sk`` the k-th, ``gap`` = s1 - sk, ``gap12`` = s1 - s2, their mean and standard deviation; inner
-            products of unit vectors, higher is closer), candidates found, distance computations (the probe's
-            work / D), the query's energy in its leading 16 and 64 rotated coordinates (sum of squares of a
-            unit vector, in [0, 1]), and for an IVF index the distances to the nearest centroids (LAET's
-            strongest evidence for IVF): the best centroid score ``c_1``, ``s_k - c_1``, the gaps ``c_1 - c_j``
-            (j in :data:`CENTROID_RANKS`) and how many of the 64 nearest centroids score at least ``s_k - δ``
-            (δ in :data:`CENTROID_MARGINS`: lists that may still hold a document beating the probe's k-th);
-            NaN for HNSW (LightGBM's missing value).
-        rows: (c,) int64 the probe's candidates, rescored, best first: the answer when the probe's effort is
-            the one chosen.
+        vector: (F,) float64 the evidence in :data:`EFFORT_FEATURES` order: the probe's top-k full-width scores
+            as faiss computed them (``s1`` best, ``sk`` the k-th, ``gap`` = s1 - sk, ``gap12`` = s1 - s2, their
+            mean and standard deviation; inner products of unit vectors, higher is closer), candidates found,
+            distance computations (the probe's work / D), the query's energy in its leading 16 and 64 rotated
+            coordinates (sum of squares of a unit vector, in [0, 1]), and for an IVF index the distances to the
+            nearest centroids (LAET's strongest evidence for IVF): the best centroid score ``c_1``,
+            ``s_k - c_1``, the gaps ``c_1 - c_j`` (j in :data:`CENTROID_RANKS`) and how many of the 64 nearest
+            centroids score at least ``s_k - δ`` (δ in :data:`CENTROID_MARGINS`: lists that may still hold a
+            document beating the probe's k-th); NaN for HNSW (LightGBM's missing value).
+        rows: (c,) int64 the probe's candidates, best first: the answer when the probe's effort is the one
+            chosen; scores: (c,) float64 their scores.
         work: the probe's multiply-adds.
         effort: the probe's effort.
         centroid_lists: IVF: (nlist,) int64 every list id by its centroid's score, best first (the probe
@@ -481,51 +514,57 @@ class AnnEvidence:
         centroid_scores: IVF: (nlist,) float32 those scores; None for HNSW.
     """
 
-    values: dict
+    vector: np.ndarray
     rows: np.ndarray
+    scores: np.ndarray
     work: int
     effort: int = 0
     centroid_lists: np.ndarray | None = None
     centroid_scores: np.ndarray | None = None
 
-    def features(self, k: int) -> dict:
-        """The evidence values (``k`` is the policy's; the probe already searched at it)."""
-        return self.values
+    @property
+    def values(self) -> dict:
+        """:data:`EFFORT_FEATURES` -> float (the trainer's table, tests, traces)."""
+        return dict(zip(EFFORT_FEATURES, self.vector.tolist()))
+
+    def feature_names(self, k: int) -> tuple[str, ...]:
+        """The names of :meth:`feature_array` (``k`` is the policy's; the probe already searched at it)."""
+        return EFFORT_FEATURES
+
+    def feature_array(self, k: int) -> np.ndarray:
+        """(F,) float64 the evidence (:attr:`vector`)."""
+        return self.vector
 
 
-def probe(index: faiss.Index, kind: str, X_rot: np.ndarray, query: np.ndarray, k: int, effort: int,
+def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
           allowed: np.ndarray | None = None) -> AnnEvidence:
-    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the grid's cheapest), rescore its ``k``
-    candidates exactly over ``X_rot`` ((N, D) float32) and read the evidence the per-query effort model takes
-    (:class:`AnnEvidence`).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first steps,
-    for IVF the distances to the nearest centroids, predict the termination a query needs) and DARTH (SIGMOD 2026: recall-targeted early termination)."""
+    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the grid's cheapest) and read the
+    evidence the per-query effort model takes (:class:`AnnEvidence`) off faiss's own full-width scores of its
+    ``k`` candidates (no second scoring pass).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the
+    search's first steps, for IVF the distances to the nearest centroids, predict the termination a query needs)
+    and DARTH (SIGMOD 2026: recall-targeted early termination)."""
     hits = search(index, kind, query, k, effort, allowed, centroids=True)
-    rows, scores = exact_rerank(X_rot, query, hits.rows, k)
-    q = np.asarray(query, np.float64)
-    s = np.asarray(scores, np.float64)
-    nan = float("nan")
-    values = {
-        "probe_s1": float(s[0]) if len(s) else nan,
-        "probe_sk": float(s[-1]) if len(s) else nan,
-        "probe_gap": float(s[0] - s[-1]) if len(s) else nan,
-        "probe_gap12": float(s[0] - s[1]) if len(s) > 1 else nan,
-        "probe_mean": float(s.mean()) if len(s) else nan,
-        "probe_std": float(s.std()) if len(s) else nan,
-        "probe_found": float(len(s)),
-        "probe_distances": float(hits.work) / max(len(q), 1),
-        "energy16": float(np.dot(q[:16], q[:16])),
-        "energy64": float(np.dot(q[:64], q[:64])),
-    }
-    c = None if hits.centroid_scores is None else np.asarray(hits.centroid_scores[:CENTROID_RANKS[-1]], np.float64)
-    sk = values["probe_sk"]
-    values["centroid_c1"] = float(c[0]) if c is not None and len(c) else nan
-    values["centroid_sk_gap"] = sk - values["centroid_c1"]  # NaN when either is missing
-    for j in CENTROID_RANKS:
-        values[f"centroid_gap{j}"] = float(c[0] - c[j - 1]) if c is not None and len(c) >= j else nan
-    for d in CENTROID_MARGINS:
-        values[f"centroids_above_sk_{d:g}"] = (float(np.count_nonzero(c >= sk - d)) if c is not None
-                                               and len(c) and np.isfinite(sk) else nan)
-    return AnnEvidence(values, rows, int(hits.work), int(effort), hits.centroid_lists, hits.centroid_scores)
+    rows, scores = ranked(hits.rows, hits.scores, k)
+    q = np.asarray(query, np.float32)
+    s = scores.tolist()
+    n = len(s)
+    nan = math.nan
+    v = [nan] * len(EFFORT_FEATURES)
+    if n:
+        mean = sum(s) / n
+        v[:6] = [s[0], s[-1], s[0] - s[-1], s[0] - s[1] if n > 1 else nan, mean,
+                 math.sqrt(max(sum(x * x for x in s) / n - mean * mean, 0.0))]
+    v[6:10] = [float(n), float(hits.work) / max(len(q), 1), float(np.dot(q[:16], q[:16])),
+               float(np.dot(q[:64], q[:64]))]
+    if hits.centroid_scores is not None and len(hits.centroid_scores):
+        c = hits.centroid_scores[:CENTROID_RANKS[-1]].astype(np.float64)
+        c1, sk = float(c[0]), v[1]
+        v[10:12] = [c1, sk - c1]  # NaN when the probe found nothing
+        v[12:12 + len(CENTROID_RANKS)] = [c1 - float(c[j - 1]) if len(c) >= j else nan for j in CENTROID_RANKS]
+        if n:
+            v[12 + len(CENTROID_RANKS):] = [float(np.count_nonzero(c >= sk - d)) for d in CENTROID_MARGINS]
+    return AnnEvidence(np.array(v, np.float64), rows, scores, int(hits.work), int(effort), hits.centroid_lists,
+                       hits.centroid_scores)
 
 
 def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev: AnnEvidence, effort: int,
@@ -535,29 +574,30 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
     IVF resumes the probe: it scans only the lists after the probe's, in the probe's centroid order (no second
     quantizer pass, no list scanned twice), so a query served at nprobe p costs what a search at p costs.  HNSW
     cannot resume (faiss keeps no search state), so it searches again at ``effort`` and pays the probe on top.
-    The candidates are the probe's and the new search's together (the exact rescoring ranks them); at an effort
-    no larger than the probe's they are the probe's own.
+    The candidates are the best ``k`` of the probe's and the new search's together, by faiss's full-width scores;
+    at an effort no larger than the probe's they are the probe's own.
 
     Args:
         index, kind: the ANN index and its kind.
-        query: (D,) float32 rotated query; k: candidates wanted per search.
+        query: (D,) float32 rotated query; k: candidates wanted.
         ev: the query's probe.
         effort: nprobe or efSearch.
         allowed: (N,) bool restriction, or None (as the probe's).
 
     Returns:
-        :class:`AnnHits`: rows (c,) int64 (up to 2k), work = the probe's + the continuation's multiply-adds.
+        :class:`AnnHits`: rows (<= k,) int64 and scores best first, work = the probe's + the continuation's
+        multiply-adds.
     """
     if int(effort) <= ev.effort:
-        return AnnHits(ev.rows, ev.work)
+        return AnnHits(ev.rows, ev.work, scores=ev.scores)
     if kind.startswith("ivf") and ev.centroid_lists is not None:
         hi = int(min(effort, len(ev.centroid_lists)))
         hits = scan_lists(index, query, k, ev.centroid_lists[ev.effort:hi], ev.centroid_scores[ev.effort:hi],
                           allowed)
     else:
         hits = search(index, kind, query, k, effort, allowed)
-    rows = np.concatenate([ev.rows, hits.rows[~np.isin(hits.rows, ev.rows)]])
-    return AnnHits(rows, ev.work + hits.work)
+    rows, scores = ranked(np.concatenate([ev.rows, hits.rows]), np.concatenate([ev.scores, hits.scores]), k)
+    return AnnHits(rows, ev.work + hits.work, scores=scores)
 
 
 # -- effort tuning -------------------------------------------------------------------------------------------
@@ -581,15 +621,15 @@ def recall_at(rows: list, truth: np.ndarray) -> np.ndarray:
 def tune_effort(index: faiss.Index, params: AnnParams, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
                 depth: int | None = None, truth: np.ndarray | None = None,
                 stop_at: float = 0.999) -> list[dict]:
-    """The realised recall@k of every effort of :func:`effort_grid` on tuning queries (exact rescoring of the
-    ``depth`` ANN candidates, as served).
+    """The realised recall@k of every effort of :func:`effort_grid` on tuning queries (the best k of the ``depth``
+    ANN candidates by faiss's full-width scores, as served).
 
     Args:
         index, params: the ANN index and its parameters.
         X_rot: (N, D) float32 rotated documents.
         Q_rot: (Q, D) float32 rotated tuning queries.
         k: recall@k.
-        depth: ANN candidates rescored (default k).
+        depth: ANN candidates searched for (default k).
         truth: (Q, k) exhaustive top-k (default computed).
         stop_at: stop once an effort's mean recall reaches this (larger efforts only cost more).
 
@@ -604,7 +644,7 @@ def tune_effort(index: faiss.Index, params: AnnParams, X_rot: np.ndarray, Q_rot:
         rows, work = [], []
         for q in Q_rot:
             hits = search(index, params.kind, q, depth, effort)
-            rows.append(exact_rerank(X_rot, q, hits.rows, k)[0])
+            rows.append(ranked(hits.rows, hits.scores, k)[0])  # as served: faiss's full-width scores
             work.append(hits.work)
         rec = recall_at(rows, truth)
         curve.append({"effort": int(effort), "recall": round(float(rec.mean()), 5),
@@ -629,3 +669,26 @@ def effort_for(curve: list[dict], target: float, margin_share: float = 0.0) -> i
         if point["recall"] >= g - 1e-12:
             return int(point["effort"])
     return None
+
+
+MODEL_EFFORT_CAP = 2.0
+"""The per-query effort model's grid stops at the first effort of :func:`effort_grid` at least this many times
+the tuned effort of the highest :data:`DEFAULT_TARGETS` (:func:`model_efforts`)."""
+
+
+def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.0) -> tuple[int, ...]:
+    """The efforts the per-query effort model chooses among: :func:`effort_grid` up to the first effort at least
+    :data:`MODEL_EFFORT_CAP` x the tuned effort (:func:`effort_for` on ``curve`` at ``margin_share``) of the
+    highest default target; the whole grid when no tuned effort reaches it.
+
+    Why a cap: uncapped, the model sent 15 % of debdocs' queries to the grid's top at 0.99 (efSearch 4096, 16 x
+    the tuned 256), and they set the p95 and the mean.  Capped at 2 x (efSearch 512), the 1,000 test queries
+    realised recall@10 0.9936 at 0.78 x the tuned effort's p50 (``bench/results/scale/summary.md``,
+    ``ours_hnsw_recall_0.99``).
+    """
+    grid = effort_grid(params)
+    top = effort_for(curve, max(DEFAULT_TARGETS), margin_share)
+    if top is None:
+        return grid
+    cap = MODEL_EFFORT_CAP * top
+    return tuple(e for e in grid if e < cap) + tuple(e for e in grid if e >= cap)[:1]

@@ -407,8 +407,9 @@ class Stage1Provider:
 
 class AnnStage1:
     """An ANN first stage over the full-width rotated documents (issue 19; :mod:`engine.ann`), served by policy
-    ``recall``: per query an effort (nprobe or efSearch) for the recall target, the ANN candidates, then their
-    exact full-width rescoring (:mod:`engine.stages.rescore`).
+    ``recall``: per query an effort (nprobe or efSearch) for the recall target, the ANN candidates, ranked by
+    faiss's full-width scores (every ANN kind stores the float32 vectors: no second scoring pass;
+    :mod:`engine.stages.rescore`).
 
     Args:
         index: the faiss index (:func:`engine.ann.build_index`, or ``ann.faiss`` of the version).
@@ -421,12 +422,14 @@ class AnnStage1:
         effort_policy: the per-query effort model (:class:`engine.recall.RecallPolicy` whose grid is the
             effort grid and whose evidence is :class:`engine.ann.AnnEvidence`), or None for one effort per
             target read from the curve.
-        docs: (N, D) float32 rotated documents the probe rescores (needed with ``effort_policy``).
+        model_targets: target -> whether the per-query model serves it (the build timed both at these targets;
+            a target in between follows the nearest one, the higher on a tie), or None: the model serves every
+            target (benchmarks).
     """
 
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
-                 effort_policy=None, docs: np.ndarray | None = None):
+                 effort_policy=None, model_targets: dict[float, bool] | None = None):
         self.index, self.params, self.kind = index, params, params.kind
         self.curve = [dict(p) for p in curve]
         self.margin_share = float(margin_share)
@@ -434,9 +437,17 @@ class AnnStage1:
         self.bytes_per_document = dict(bytes_per_document or {})
         self.min_allowed_share = float(min_allowed_share)
         self._efforts: dict[float, int | None] = {}
-        if effort_policy is not None and docs is None:
-            raise ValueError("a per-query effort policy needs the rotated documents its probe rescores")
-        self.effort_policy, self.docs = effort_policy, docs
+        self.effort_policy = effort_policy
+        self.model_targets = None if model_targets is None else {float(t): bool(u) for t, u in model_targets.items()}
+
+    def uses_model(self, target: float) -> bool:
+        """Whether the per-query effort model serves ``target`` (see ``model_targets``)."""
+        if self.effort_policy is None:
+            return False
+        if not self.model_targets:
+            return self.model_targets is None
+        nearest = min(self.model_targets, key=lambda t: (abs(t - float(target)), -t))
+        return self.model_targets[nearest]
 
     @property
     def max_recall(self) -> float:
@@ -471,12 +482,13 @@ class AnnStage1:
         clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`), searched on from the
         probe (:func:`engine.ann.continue_search`); when that is the probe's effort the probe's candidates are
         the answer.  Returns (hits with the probe's work included,
-        effort, probe's multiply-adds).  Without a model it is :meth:`search` at :meth:`effort`."""
-        if self.effort_policy is None or int(k) != int(self.effort_policy.k):  # calibrated at its k only
+        effort, probe's multiply-adds).  Where the model does not serve the target (:meth:`uses_model`), or at a
+        k it was not calibrated at, it is :meth:`search` at :meth:`effort`."""
+        if not self.uses_model(target) or int(k) != int(self.effort_policy.k):  # calibrated at its k only
             effort = self.effort(target)
             return self.search(query, k, effort, allowed), int(effort), 0
         grid = self.effort_policy.z_grid
-        ev = ann.probe(self.index, self.kind, self.docs, query, k, int(grid[0]), allowed)
+        ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed)
         bound, z = self.effort_policy.choose(ev, float(target))
         effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
         # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)

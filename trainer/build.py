@@ -93,7 +93,7 @@ from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_rep
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
 from trainer.retention import check_build_disk, retention_after_build
-from trainer.recall_fit import calibration_report, concat_tables, fit_recall_policy, recall_table
+from trainer.recall_fit import calibration_report, concat_tables, effort_table, fit_recall_policy, recall_table
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
@@ -141,6 +141,7 @@ class BuildOptions:
     ann: str = "none"                      # ANN first stage (issue 19): none, auto, ivf, hnsw, ivf_panorama, hnsw_panorama
     ann_params: dict = field(default_factory=dict)  # overrides of engine.ann.default_params (M, ef_construction, nlist)
     ann_tuning_queries: int = 1000         # at most this many queries tune the effort curve
+    ann_effort_model: bool = True          # fit and time the per-query effort model (engine.ann.probe)
     documents: list | None = None          # the corpus (engine.io.beir.Document) instead of the dataset's (a fold)
     reuse_from: Path | None = None         # a version whose rotation, routers, recall policy, level layout are reused
     writes: dict | None = None             # the manifest's writes section (folded_seq, base_version, base_folded_seq)
@@ -590,7 +591,8 @@ def _ann(ctx: BuildContext) -> None:
         if len(Q) > opts.ann_tuning_queries:
             Q = Q[np.sort(rng.choice(len(Q), opts.ann_tuning_queries, replace=False))]
         Q_rot = np.ascontiguousarray(Q @ ctx.R.T, np.float32)
-        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10)
+        truth = ann.exhaustive_top_k(ctx.X_rot, Q_rot, 10)
+        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10, truth=truth)
     margin = 0.25 if pseudo is None else 0.5
     targets = {f"{t:g}": ann.effort_for(curve, t, margin) for t in ann.DEFAULT_TARGETS}
     ctx.ann = {"index": index, "params": params, "curve": curve,
@@ -598,6 +600,62 @@ def _ann(ctx: BuildContext) -> None:
                            "tuning_queries": int(len(Q_rot)), "bytes_per_document": ctx.backend.bytes_per_document,
                            "pseudo_queries": pseudo.record if pseudo is not None else None}}
     log.info("ann %s: %s; served efforts %s", kind, params.as_dict(), targets)
+    if opts.ann_effort_model:
+        with ctx.timer("ann per-query effort model"):
+            _ann_effort_model(ctx, Q, Q_rot, truth, source)
+
+
+def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth: np.ndarray, source: str) -> None:
+    """The ANN's per-query effort model (LAET / DARTH style; :func:`trainer.recall_fit.effort_table`,
+    :func:`engine.ann.probe`): fitted out of fold on the tuning queries, calibrated per target like the level
+    scan's recall policy (one standard error of the calibration mean on training queries, half the miss budget
+    on pseudo-queries), then timed through the served pipeline against the one tuned effort at each default
+    target on up to :data:`MEASURE_QUERIES` of them; it serves a target only where its p50 is at most
+    :data:`EFFORT_MODEL_MAX_RATIO` of the tuned effort's (the probe costs a search of its own, so a per-query
+    effort that saves work need not save time)."""
+    a, opts = ctx.ann, ctx.opts
+    table = effort_table(a["index"], a["params"], ctx.X_rot, Q_rot, k=10, truth=truth,
+                         efforts=ann.model_efforts(a["params"], a["curve"], a["section"]["margin_share"]))
+    booster, oof = fit_recall_policy(table, seed=opts.seed)
+    margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if source == "train"
+              else {"margin_rule": "share", "margin_share": 0.5})
+    policy = RecallPolicy(booster, list(table.feature_names), np.asarray(table.z_grid, np.float64), "ann", oof,
+                          table.recall, table.coordinates, k=10, **margin)
+    rng = np.random.default_rng(opts.seed + 11)
+    Qm = Q if len(Q) <= MEASURE_QUERIES else Q[np.sort(rng.choice(len(Q), MEASURE_QUERIES, replace=False))]
+    stages = {"fixed": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"]),
+              "per_query": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"],
+                                     effort_policy=policy)}
+    versions = {n: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=s) for n, s in stages.items()}
+    measured, chosen = {}, []
+    for t in ann.DEFAULT_TARGETS:
+        if stages["fixed"].exact_because(t, None) is not None or policy.bar(t) is None:
+            continue  # served exactly (or the model cannot meet it): nothing to choose
+        m = time_backends(versions, ctx.X_rot, np.ascontiguousarray(Qm, np.float32), t)
+        measured[f"{t:g}"] = {n: {k: round(v, 4) for k, v in got.items()} for n, got in m.items()}
+        if m["per_query"]["p50_ms"] <= EFFORT_MODEL_MAX_RATIO * m["fixed"]["p50_ms"]:
+            chosen.append(float(t))
+    a["effort_model"] = {"booster": booster, "oof": oof, "recall": table.recall, "coordinates": table.coordinates,
+                         "policy": policy,
+                         "section": {"feature_names": list(table.feature_names),
+                                     "z_grid": [float(z) for z in table.z_grid], "k": 10, **margin,
+                                     "calibration_source": source, "per_query_targets": chosen,
+                                     "measured": measured}}
+    log.info("ann per-query effort model: serves targets %s (measured %s)", chosen, measured)
+
+
+EFFORT_MODEL_MAX_RATIO = 0.95
+"""The per-query effort model serves a target when its measured p50 is at most this share of the one tuned
+effort's (below it the difference is within run-to-run noise: the tuned effort serves)."""
+
+
+def ann_stage(a: dict) -> AnnStage1:
+    """The served ANN first stage of a build's ``ctx.ann`` (with its per-query effort model where it has one)."""
+    e = a.get("effort_model")
+    return AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"],
+                     a["section"]["bytes_per_document"], effort_policy=e["policy"] if e else None,
+                     model_targets={t: t in e["section"]["per_query_targets"]
+                                    for t in map(float, e["section"]["measured"])} if e else None)
 
 
 def _levels_and_recall(ctx: BuildContext) -> None:
@@ -708,8 +766,7 @@ def _measure_backends(ctx: BuildContext) -> None:
                                              margin_rule=sec.get("margin_rule", "share"), seeds=sec.get("seeds"))
     versions = {
         "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
-        b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=AnnStage1(
-            a["index"], a["params"], a["curve"], a["section"]["margin_share"], a["section"]["bytes_per_document"])),
+        b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=ann_stage(a)),
     }
     with ctx.timer("backend timing"):
         measured = time_backends(versions, ctx.X_rot, Q, target)
@@ -757,10 +814,7 @@ def served_version(ctx: BuildContext) -> IndexVersion:
                                   r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"],
                                   margin_rule=sec.get("margin_rule", "share"),
                                   seeds=sec.get("seeds"))
-    a = None
-    if ctx.ann is not None:
-        a = AnnStage1(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"], ctx.ann["section"]["margin_share"],
-                      ctx.ann["section"]["bytes_per_document"])
+    a = ann_stage(ctx.ann) if ctx.ann is not None else None
     return IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, m0=opts.m0, shortlist=opts.shortlist,
                                   routers=routers, default_pair=tuple(opts.default_pair) if routers else None,
                                   default_rho=opts.default_rho, levels=ctx.levels, recall_policy=recall,
@@ -939,8 +993,10 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
         writers.update(recall_writers)
     ann_section = None
     if ctx.ann is not None:
+        e = ctx.ann.get("effort_model")
         ann_writers, ann_section = files.ann_files(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"],
-                                                   **ctx.ann["section"])
+                                                   effort_model={k: v for k, v in e.items() if k != "policy"}
+                                                   if e else None, **ctx.ann["section"])
         writers.update(ann_writers)
     backend_section = None
     if ctx.backend is not None:

@@ -149,7 +149,8 @@ def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 
 def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
                  truth: np.ndarray | None = None, efforts=None) -> RecallTable:
     """The per-query effort model's table (issue 19): every calibration query probed once at the cheapest effort
-    (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, rescored exactly.
+    (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, its best k ranked by
+    faiss's full-width scores (as served).
 
     Args:
         index, params: the ANN index and its :class:`engine.ann.AnnParams`.
@@ -169,15 +170,15 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
     rec, work = np.zeros((Q, E)), np.zeros((Q, E), dtype=np.int64)
     feats = []
     for i, q in enumerate(Q_rot):
-        ev = ann.probe(index, params.kind, X_rot, q, k, int(efforts[0]))
-        feats.append([ev.values[n] for n in ann.EFFORT_FEATURES])
+        ev = ann.probe(index, params.kind, q, k, int(efforts[0]))
+        feats.append(ev.vector)
         t = set(truth[i].tolist())
         for j, e in enumerate(efforts):
             if j == 0:
                 rows, w = ev.rows, ev.work
             else:  # as served (engine.stage1.AnnStage1.per_query): on from the probe
                 hits = ann.continue_search(index, params.kind, q, k, ev, int(e))
-                rows, w = ann.exact_rerank(X_rot, q, hits.rows, k)[0], hits.work
+                rows, w = hits.rows, hits.work
             rec[i, j] = len(t.intersection(rows.tolist())) / max(len(t), 1)
             work[i, j] = w
     exact = np.full(Q, X_rot.shape[0] * X_rot.shape[1], dtype=np.int64)

@@ -4,8 +4,9 @@
   are recovered from the stage-1 cosines, so a query resolved at width m costs C·(m − m0) more, not C·m
   (§3.2.1 of 001).  A width below m0 starts the sums afresh over the shortlist (C·m).
 - ``funnel``: extend the blocked scan to the configuration's m1, keep its shortlist, rescore at its width.
-- ``recall`` on an ANN version: the ANN candidates rescored exactly at full width (float32 products of the
-  mapped documents, :func:`engine.ann.exact_rerank`; C·D multiply-adds).
+- ``recall`` on an ANN version: the ANN candidates ranked by the full-width scores faiss computed for them in
+  stage 1 (every ANN kind stores the float32 vectors, so these are the exact inner products; no second pass
+  over the documents, no work here).
 - ``exact``, ``recall``: rank the level scan's survivors (pruned level by level and rescored in float32 inside
   stage 1's compiled call).
 """
@@ -16,7 +17,7 @@ import numpy as np
 
 from adawidth import stage1_policy
 from adawidth.prefix import PartialScores, partial_scores_from_cosines, top_k
-from engine.ann import exact_rerank
+from engine.ann import ranked
 from engine.candidates import Candidates
 from engine.plan import Plan
 
@@ -62,10 +63,9 @@ def rescore(plan: Plan, version, query: np.ndarray, c: Candidates) -> Candidates
         out.trace.update(escalated=False)
         return out
     if plan.policy == "recall" and getattr(version, "ann", None) is not None:
-        rows = c.state.rows
-        top, scores = exact_rerank(version.docs, query, rows, plan.depth)
+        top, scores = ranked(c.state.rows, c.state.scores, plan.depth)
         out = c.ranked(top, scores, version.dimension)
-        out.work["rescore"] = int(len(rows) * version.dimension)
+        out.work["rescore"] = 0  # faiss scored them at full width inside stage 1 (its work counts them)
         out.trace.update(width=version.dimension, escalated=False, router_score=None, certified=False)
         return out
     if plan.policy in ("exact", "recall") and c.state is not None:  # the level scan's result (stage 1 ran it)

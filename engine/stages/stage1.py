@@ -8,7 +8,8 @@ By policy (:mod:`engine.plan`):
 - ``funnel``: the first coordinate block of every document and the policy's evidence
   (:func:`adawidth.stage1_policy.evidence`).
 - ``recall`` on a version with an ANN first stage (:class:`engine.stage1.AnnStage1`, issue 19): the ANN
-  candidates (``depth`` of them) at the effort (nprobe or efSearch) its tuning curve gives the recall target;
+  candidates (``depth`` of them, with faiss's full-width scores) at the effort (nprobe or efSearch) its tuning
+  curve or its per-query model gives the recall target;
   a target it cannot meet (1.0, or above what its tuning queries reached) or a filter that allows too few
   documents is served by the exact path instead (:func:`ann_or_exact`; the trace's ``served_exact_because``).
 - ``exact``, ``recall``: the whole level scan in one compiled call (:func:`adawidth.levels.fused_search`: the
@@ -67,9 +68,11 @@ def flat_is_faster(n_docs: int, depth: int, min_docs: int) -> bool:
 
 @dataclass(frozen=True)
 class AnnState:
-    """Stage 1's continuation on an ANN version: the candidates' rows (c,) int64 for the exact rescoring."""
+    """Stage 1's continuation on an ANN version: the candidates' rows (c,) int64 and their full-width scores (c,)
+    float32, as faiss computed them (:class:`engine.ann.AnnHits`), for the rescore stage to rank."""
 
     rows: np.ndarray
+    scores: np.ndarray
 
 
 def ann_or_exact(plan: Plan, version, allowed: np.ndarray | None) -> tuple[Plan, str | None]:
@@ -122,11 +125,11 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
             hits, effort, probe_work = a.per_query(query, float(plan.recall_target), min(plan.depth, n_allowed),
                                                    allowed)
         rows = hits.rows if hits is not None else np.empty(0, np.int64)
-        c.state = AnnState(rows)
+        c.state = AnnState(rows, hits.scores if hits is not None else np.empty(0, np.float32))
         c.width = version.dimension
         c.work["stage1"] = int(hits.work) if hits is not None else 0
         c.trace.update(policy="recall", stage1_backend=a.kind, effort=int(effort), effort_name=a.effort_name,
-                       effort_per_query=a.effort_policy is not None, probe_coordinates=int(probe_work),
+                       effort_per_query=probe_work > 0, probe_coordinates=int(probe_work),
                        stage1_width=version.dimension, shortlist=int(len(rows)), bound=None, confidence=None)
         return c
     if plan.policy == "exact" and (getattr(version, "levels", None) is None

@@ -25,7 +25,7 @@ from adawidth.levels import LevelStore
 from adawidth.prefix import prefix_normalize
 from adawidth.tiers import TIERS
 from engine import ann
-from engine.version.manifest import (AnnSection, CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, LevelsSection,
+from engine.version.manifest import (AnnEffortSection, AnnSection, CarsSection, CoreSection, FunnelPolicySection, IndexVersionError, LevelsSection,
                                      Manifest, RecallPolicySection,
                                      RerankSection, Stage1Section, TierHeadSection)
 
@@ -366,7 +366,7 @@ class RecallPolicyFile:
     (None for a version written before they were kept)."""
 
     booster: lgb.Booster
-    section: RecallPolicySection
+    section: RecallPolicySection | AnnEffortSection
     calibration_pred: np.ndarray
     calibration_recall: np.ndarray
     calibration_coordinates: np.ndarray | None = None
@@ -379,31 +379,38 @@ def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
         IndexVersionError: ``schema`` when the model's features or the calibration's shape disagree with the
             section.
     """
-    sec = m.recall_policy
-    if sec is None:
-        return None
+    return None if m.recall_policy is None else _policy_file(path, m.recall_policy, (2, 3))
+
+
+def _policy_file(path: Path, sec, rows: tuple[int, ...]) -> RecallPolicyFile:
+    """A LightGBM policy over (features, z) and its (rows, Q, E) calibration array, checked against ``sec``."""
     booster = lgb.Booster(model_file=str(path / sec.file))
     if booster.feature_name() != list(sec.feature_names) + ["z"]:
         raise IndexVersionError("schema", f"{sec.file} feature names differ from the manifest's")
     cal = np.load(path / sec.calibration_file)
-    if cal.ndim != 3 or cal.shape[0] not in (2, 3) or cal.shape[2] != len(sec.z_grid):
-        raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not (2 or 3, Q, "
-                                          f"{len(sec.z_grid)})")
+    if cal.ndim != 3 or cal.shape[0] not in rows or cal.shape[2] != len(sec.z_grid):
+        raise IndexVersionError("schema", f"{sec.calibration_file} has shape {cal.shape}, not "
+                                          f"({' or '.join(map(str, rows))}, Q, {len(sec.z_grid)})")
     return RecallPolicyFile(booster, sec, cal[0], cal[1], cal[2] if cal.shape[0] == 3 else None)
 
 
 # -- the ANN first stage (schema 4) --------------------------------------------------------------------------------
 
 ANN_FILE = "ann.faiss"
+ANN_EFFORT_FILE = "ann_effort.txt"
+ANN_EFFORT_CALIBRATION_FILE = "ann_effort_calibration.npy"
 
 
-def ann_files(index, params: ann.AnnParams, curve: list[dict], **section) -> tuple[Files, AnnSection]:
+def ann_files(index, params: ann.AnnParams, curve: list[dict], effort_model: dict | None = None,
+              **section) -> tuple[Files, AnnSection]:
     """Writer of an ANN index (``ann.faiss``, faiss's own format) and its section.
 
     Args:
         index: the faiss index (:func:`engine.ann.build_index`).
         params: its parameters.
         curve: its tuning curve (:func:`engine.ann.tune_effort`).
+        effort_model: the per-query effort model, ``{"booster", "oof" (Q, E), "recall" (Q, E), "coordinates" (Q, E),
+            "section": the other :class:`AnnEffortSection` fields}``, or None.
         section: the other :class:`AnnSection` fields (targets, margin_share, tuning_source, tuning_queries,
             bytes_per_document, reports).
     """
@@ -412,7 +419,28 @@ def ann_files(index, params: ann.AnnParams, curve: list[dict], **section) -> tup
                      metric="L2 on unit vectors (ranks as inner product)" if params.kind == "hnsw_panorama"
                      else "inner product", file=ANN_FILE, params=params.as_dict(),
                      effort_name=ann.EFFORT_NAME[params.kind], curve=curve, size_bytes=size, **section)
-    return {ANN_FILE: lambda p: faiss.write_index(index, str(p))}, sec
+    writers = {ANN_FILE: lambda p: faiss.write_index(index, str(p))}
+    if effort_model is not None:
+        e = effort_model
+        cal = np.stack([np.asarray(e[n], np.float64) for n in ("oof", "recall", "coordinates")])
+        booster = e["booster"]
+        sec.effort_model = AnnEffortSection(file=ANN_EFFORT_FILE, calibration_file=ANN_EFFORT_CALIBRATION_FILE,
+                                            calibration_queries=int(cal.shape[1]), **e["section"])
+        writers[ANN_EFFORT_FILE] = lambda p: booster.save_model(str(p))
+        writers[ANN_EFFORT_CALIBRATION_FILE] = _npy_writer(cal)
+    return writers, sec
+
+
+def read_ann_effort(path: Path, m: Manifest) -> RecallPolicyFile | None:
+    """The ANN first stage's per-query effort model (its booster, section and (Q, E) calibration predictions,
+    recalls and multiply-adds), or None when the version has none.
+
+    Raises:
+        IndexVersionError: ``schema`` when the model's features or the calibration's shape disagree with the
+            section.
+    """
+    sec = m.ann.effort_model if m.ann is not None else None
+    return None if sec is None else _policy_file(path, sec, (3,))
 
 
 def read_ann(path: Path, m: Manifest):

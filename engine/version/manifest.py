@@ -267,6 +267,29 @@ class WritesSection(_Section):
     drift: dict | None = None
 
 
+class AnnEffortSection(_Section):
+    """The per-query effort model of an ANN first stage (LAET / DARTH style, :func:`engine.ann.probe`): a LightGBM
+    model of recall@k at each effort of the grid from a probe's evidence, its out-of-fold calibration, and which
+    targets it serves (the build timed it against the one tuned effort)."""
+
+    file: str = Field(description="LightGBM text model over feature_names + ['z'] (z: the effort).")
+    calibration_file: str = Field(description="(3, Q, E) float64: out-of-fold predictions, realised recall@k, "
+                                              "multiply-adds of each calibration query at each effort.")
+    feature_names: list[str]
+    z_grid: list[float] = Field(description="The efforts (nprobe or efSearch), increasing; the first is the probe's.")
+    k: int = 10
+    margin_share: float = 0.25
+    margin_rule: Literal["standard_error", "share"] = "standard_error"
+    calibration_source: str = "train"
+    calibration_queries: int = 0
+    per_query_targets: list[float] = Field(
+        default_factory=list, description="The recall targets the model serves (the build measured it faster there "
+                                          "than the one tuned effort); every other target is served at its one "
+                                          "tuned effort.")
+    measured: dict | None = Field(None, description="Per target: p50 ms and recall@10 of the one tuned effort and "
+                                                    "of the per-query model, on the tuning queries.")
+
+
 class AnnSection(_Section):
     """An ANN first stage over the full-width rotated documents (:mod:`engine.ann`), served by policy ``recall``."""
 
@@ -277,7 +300,7 @@ class AnnSection(_Section):
     params: dict = Field(description="Build parameters: nlist, M, ef_construction, n_levels (engine.ann.AnnParams).")
     effort_name: str = Field(description="nprobe (IVF) or efSearch (HNSW): what the per-query effort sets.")
     curve: list[dict] = Field(description="Tuning curve: [{effort, recall, recall_p10, work}] increasing in effort; "
-                                          "recall@10 vs exhaustive after the exact rescoring.")
+                                          "recall@10 vs exhaustive of the candidates' full-width scores.")
     targets: dict[str, int | None] = Field(default_factory=dict, description="Served effort of each tuned target "
                                                                             "(None: served exactly).")
     margin_share: float = 0.25
@@ -285,6 +308,8 @@ class AnnSection(_Section):
     tuning_queries: int = 0
     bytes_per_document: dict[str, float] = Field(default_factory=dict)
     size_bytes: int = Field(0, ge=0, description="Bytes of the index file.")
+    effort_model: AnnEffortSection | None = Field(None, description="The per-query effort model (None: one tuned "
+                                                                    "effort per target).")
 
 
 class BackendSection(_Section):

@@ -93,11 +93,43 @@ def test_served_recall_meets_095_on_scifact_test_queries(ann_build, test_queries
     results = _served(v, test_queries, recall_target=0.95)
     recall = ann.recall_at([r.rows for r in results], truth)
     assert all(r.trace["stage1_backend"] == "hnsw" and r.trace["served_exact_because"] is None for r in results)
-    assert {r.trace["effort"] for r in results} == {v.ann.effort(0.95)}
+    efforts = {r.trace["effort"] for r in results}
+    if v.ann.uses_model(0.95):  # the build measured the per-query effort model faster at 0.95
+        assert all(r.trace["effort_per_query"] for r in results) and len(efforts) > 1
+    else:
+        assert efforts == {v.ann.effort(0.95)} and not any(r.trace["effort_per_query"] for r in results)
     assert recall.mean() >= 0.95 - 0.01, recall.mean()
     share = np.mean([r.trace["coordinates_scored"] for r in results]) / (v.size * v.dimension)
     assert share < 0.5  # the graph visits a fraction of the corpus
     Trace(**results[0].trace)  # the gateway's response model takes the new fields
+
+
+def test_the_per_query_effort_model_is_built_timed_and_meets_its_targets(ann_build, test_queries):
+    path, m = ann_build
+    e = m.ann.effort_model
+    assert e is not None and e.feature_names == list(ann.EFFORT_FEATURES) and e.calibration_queries == 809
+    assert e.z_grid[0] == ann.HNSW_EF_GRID[0] and e.margin_rule == "standard_error"
+    assert e.file in m.files and e.calibration_file in m.files
+    assert set(e.measured) == {"0.95", "0.99"} and set(e.per_query_targets) <= {0.95, 0.99}
+    for t, got in e.measured.items():  # both timed through the served pipeline; the model kept only where faster
+        faster = got["per_query"]["p50_ms"] <= 0.95 * got["fixed"]["p50_ms"]
+        assert (float(t) in e.per_query_targets) == faster
+    v = IndexVersion.load(path)
+    assert v.ann.effort_policy is not None
+    assert v.backend_report()["effort_per_query"] == {str(t): float(t) in e.per_query_targets for t in (0.95, 0.99)}
+    # the model as loaded, serving every target: within 0.01 of each on the held-out test queries, efforts chosen
+    # per query, the probe's work counted
+    forced = IndexVersion.load(path)
+    forced.ann.model_targets = None
+    Q_rot = np.ascontiguousarray(test_queries @ v.rotation.T, np.float32)
+    truth = ann.exhaustive_top_k(np.asarray(v.docs), Q_rot, 10)
+    for target in (0.95, 0.99):
+        results = _served(forced, test_queries, recall_target=target)
+        recall = ann.recall_at([r.rows for r in results], truth).mean()
+        assert recall >= target - 0.01, (target, recall)
+        assert all(r.trace["effort_per_query"] and 0 < r.trace["probe_coordinates"] <= r.trace["coordinates_scored"]
+                   for r in results)
+        assert len({r.trace["effort"] for r in results}) > 1
 
 
 def test_recall_target_one_is_served_exactly_and_says_so(ann_build, test_queries):

@@ -101,6 +101,17 @@ def test_effort_for_reads_the_curve_with_its_margin():
     assert ann.effort_for(curve, 1.0) is None
 
 
+def test_the_models_grid_stops_at_twice_the_tuned_effort_of_the_highest_target():
+    hnsw = ann.default_params("hnsw", 10_000)
+    curve = [{"effort": 64, "recall": 0.95}, {"effort": 128, "recall": 0.985}, {"effort": 192, "recall": 0.992}]
+    grid = ann.model_efforts(hnsw, curve)  # 0.99 tuned at 192: the grid's first effort >= 384 ends it
+    assert grid == tuple(e for e in ann.HNSW_EF_GRID if e <= 384)
+    assert ann.model_efforts(hnsw, curve, margin_share=0.5) == ann.HNSW_EF_GRID  # goal 0.995: nothing reaches it
+    ivf = ann.default_params("ivf", 10_000)  # nlist 256, nprobe 1, 2, 3, 4, 6, 9, ...
+    assert ann.model_efforts(ivf, [{"effort": 300, "recall": 0.991}]) == ann.effort_grid(ivf)  # 2 x 300 > nlist
+    assert ann.model_efforts(ivf, [{"effort": 4, "recall": 0.991}])[-1] == 9
+
+
 @pytest.fixture(scope="module")
 def corpus():
     rng = np.random.default_rng(0)
@@ -166,6 +177,13 @@ def test_exact_rerank_orders_ties_by_row():
     assert len(rows) == 0 and scores.dtype == np.float64
 
 
+def test_ranked_keeps_each_row_once_at_its_best_place_and_orders_ties_by_row():
+    rows, scores = ann.ranked(np.array([7, 3, 5, 3, 9]), np.array([0.5, 0.9, 0.9, 0.9, 0.1], np.float32), 3)
+    assert rows.tolist() == [3, 5, 7] and scores.tolist() == pytest.approx([0.9, 0.9, 0.5])
+    rows, scores = ann.ranked(np.empty(0, np.int64), np.empty(0, np.float32), 3)
+    assert len(rows) == 0 and scores.dtype == np.float64
+
+
 def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     from trainer.recall_fit import effort_table, fit_recall_policy
     from engine.recall import RecallPolicy
@@ -176,13 +194,13 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     table = effort_table(index, p, X, Qt, k=10)
     assert table.recall.shape == (len(Qt), len(ann.HNSW_EF_GRID)) and table.feature_names == list(ann.EFFORT_FEATURES)
     assert np.all(np.diff(table.coordinates.mean(axis=0)[1:]) > 0)  # more effort, more work
-    ev = ann.probe(index, "hnsw", X, Qe[0], 10, 10)
+    ev = ann.probe(index, "hnsw", Qe[0], 10, 10)
     assert ev.values["probe_s1"] >= ev.values["probe_sk"] and 0 <= ev.values["energy16"] <= ev.values["energy64"] <= 1 + 1e-5
     np.testing.assert_allclose(ev.values["probe_s1"], X[ev.rows[0]] @ Qe[0], rtol=1e-5)
     booster, oof = fit_recall_policy(table)
     policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
     curve = ann.tune_effort(index, p, X, Qt)
-    a = AnnStage1(index, p, curve, effort_policy=policy, docs=X)
+    a = AnnStage1(index, p, curve, effort_policy=policy)
     v = IndexVersion.in_memory(X, np.eye(32, dtype=np.float32), [f"d{i}" for i in range(len(X))], m0=16, ann=a)
     res = Pipeline().search(v, [SearchSpec("q", k=10, width="auto", recall_target=0.95)] * len(Qe), embeddings=Qe)
     truth = ann.exhaustive_top_k(X, Qe)
@@ -193,11 +211,24 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
         assert r.trace["effort_per_query"] is True and r.trace["probe_coordinates"] > 0
         assert r.trace["coordinates_scored"] >= r.trace["probe_coordinates"]
     Trace(**res[0].trace)
-    with pytest.raises(ValueError, match="rotated documents"):
-        AnnStage1(index, p, curve, effort_policy=policy)
     # a k the model was not calibrated at: the target's one tuned effort
     r = Pipeline().search(v, [SearchSpec("q", k=20, width="auto", recall_target=0.95)], embeddings=Qe[:1])[0]
     assert r.trace["effort"] == a.effort(0.95)
+
+
+def test_the_model_serves_the_targets_the_build_measured_it_faster_at_and_their_neighbours(corpus):
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    curve = ann.tune_effort(index, p, X, Qt)
+    assert not AnnStage1(index, p, curve).uses_model(0.95)  # no model
+    a = AnnStage1(index, p, curve, effort_policy=object(), model_targets={0.95: False, 0.99: True})
+    assert [a.uses_model(t) for t in (0.9, 0.95, 0.969, 0.97, 0.99, 0.999)] == [False, False, False, True, True, True]
+    assert AnnStage1(index, p, curve, effort_policy=object()).uses_model(0.5)  # None: every target
+    assert not AnnStage1(index, p, curve, effort_policy=object(), model_targets={}).uses_model(0.99)  # none measured
+    # a target the model does not serve: the one tuned effort, no probe
+    hits, effort, probe_work = a.per_query(Qe[0], 0.95, 10)
+    assert effort == a.effort(0.95) and probe_work == 0
 
 
 @pytest.mark.parametrize("kind", ["ivf", "ivf_panorama"])
@@ -209,7 +240,7 @@ def test_an_ivf_probe_resumes_and_costs_what_one_search_at_its_effort_costs(corp
     allowed = np.ones(len(X), bool)
     allowed[1::3] = False
     for q in Qe[:20]:
-        ev = ann.probe(index, kind, X, q, 10, 2)
+        ev = ann.probe(index, kind, q, 10, 2)
         assert ev.effort == 2 and len(ev.centroid_lists) == p.nlist == len(set(ev.centroid_lists.tolist()))
         assert np.all(np.diff(ev.centroid_scores) <= 0)  # every centroid, best first
         assert ann.continue_search(index, kind, q, 10, ev, 1).rows is ev.rows  # at or below the probe's effort
@@ -219,11 +250,11 @@ def test_an_ivf_probe_resumes_and_costs_what_one_search_at_its_effort_costs(corp
             # the same lists, each scanned once: the same top 10 and the same work as one search at that effort
             assert ann.exact_rerank(X, q, got.rows, 10)[0].tolist() == ann.exact_rerank(X, q, one.rows, 10)[0].tolist()
             assert got.work == one.work
-        fev = ann.probe(index, kind, X, q, 10, 2, allowed)
+        fev = ann.probe(index, kind, q, 10, 2, allowed)
         got = ann.continue_search(index, kind, q, 10, fev, p.nlist, allowed)
         assert allowed[got.rows].all() and len(got.rows) >= 10
     # scanning on to every list is exhaustive search
-    ev = ann.probe(index, kind, X, Qe[0], 10, 1)
+    ev = ann.probe(index, kind, Qe[0], 10, 1)
     rows = ann.exact_rerank(X, Qe[0], ann.continue_search(index, kind, Qe[0], 10, ev, p.nlist).rows, 10)[0]
     assert set(rows.tolist()) == set(truth[0].tolist())
 
@@ -231,7 +262,7 @@ def test_an_ivf_probe_resumes_and_costs_what_one_search_at_its_effort_costs(corp
 def test_the_probe_reads_centroid_distances_for_ivf_and_leaves_them_missing_for_hnsw(corpus):
     X, Qt, Qe = corpus
     ivf = ann.build_index(X, ann.default_params("ivf", len(X)))
-    ev = ann.probe(ivf, "ivf", X, Qe[0], 10, 1)
+    ev = ann.probe(ivf, "ivf", Qe[0], 10, 1)
     assert tuple(ev.values) == ann.EFFORT_FEATURES
     c = ev.centroid_scores
     assert ev.values["centroid_c1"] == pytest.approx(float(c[0])) and ev.values["centroid_gap2"] >= 0
@@ -241,6 +272,6 @@ def test_the_probe_reads_centroid_distances_for_ivf_and_leaves_them_missing_for_
     assert above == sorted(above) and above[0] == np.count_nonzero(c[:64] >= ev.values["probe_sk"])
     assert len(c) == 102 and ev.values["centroid_gap64"] == pytest.approx(float(c[0] - c[63]))  # nlist 102
     hnsw = ann.build_index(X, ann.default_params("hnsw", len(X), M=8))
-    hv = ann.probe(hnsw, "hnsw", X, Qe[0], 10, 10)
+    hv = ann.probe(hnsw, "hnsw", Qe[0], 10, 10)
     assert all(np.isnan(hv.values[n]) for n in ann.EFFORT_FEATURES if n.startswith("centroid"))
     assert hv.centroid_lists is None and ann.continue_search(hnsw, "hnsw", Qe[0], 10, hv, 10).rows is hv.rows
