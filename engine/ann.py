@@ -683,8 +683,8 @@ def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.
 
     Why a cap: uncapped, the model sent 15 % of debdocs' queries to the grid's top at 0.99 (efSearch 4096, 16 x
     the tuned 256), and they set the p95 and the mean.  Capped at 2 x (efSearch 512), the 1,000 test queries
-    realised recall@10 0.9936 at 0.78 x the tuned effort's p50 (``bench/results/scale/summary.md``,
-    ``ours_hnsw_recall_0.99``).
+    realised recall@10 0.9936 at 0.78 x the tuned effort's p50 (debdocs' first 50,000 passages, commit e310bfc's
+    ``bench/results/scale/summary.md``, ``ours_hnsw_recall_0.99``).
     """
     grid = effort_grid(params)
     top = effort_for(curve, max(DEFAULT_TARGETS), margin_share)
