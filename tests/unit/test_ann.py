@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from engine import ann
 from engine.index import IndexVersion
@@ -107,7 +108,7 @@ def test_the_models_grid_stops_at_twice_the_tuned_effort_of_the_highest_target()
     grid = ann.model_efforts(hnsw, curve)  # 0.99 tuned at 192: the grid's first effort >= 384 ends it
     assert grid == tuple(e for e in ann.HNSW_EF_GRID if e <= 384)
     assert ann.model_efforts(hnsw, curve, margin_share=0.5) == ann.HNSW_EF_GRID  # goal 0.995: nothing reaches it
-    ivf = ann.default_params("ivf", 10_000)  # nlist 256, nprobe 1, 2, 3, 4, 6, 9, ...
+    ivf = ann.default_params("ivf", 10_000)  # nlist 256, nprobe 1, 2, 3, 4, 5, 7, 9, ...
     assert ann.model_efforts(ivf, [{"effort": 300, "recall": 0.991}]) == ann.effort_grid(ivf)  # 2 x 300 > nlist
     assert ann.model_efforts(ivf, [{"effort": 4, "recall": 0.991}])[-1] == 9
 
@@ -182,6 +183,24 @@ def test_ranked_keeps_each_row_once_at_its_best_place_and_orders_ties_by_row():
     assert rows.tolist() == [3, 5, 7] and scores.tolist() == pytest.approx([0.9, 0.9, 0.5])
     rows, scores = ann.ranked(np.empty(0, np.int64), np.empty(0, np.float32), 3)
     assert len(rows) == 0 and scores.dtype == np.float64
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.sampled_from([0.1, 0.25, 0.5, 0.75, 0.9])), max_size=30),
+       st.integers(1, 12), st.booleans())
+def test_ranked_matches_a_reference_sort_on_presorted_and_shuffled_input(pairs, k, presort):
+    # presorted input takes the already-ordered fast path when scores strictly fall over distinct rows; either
+    # path must give what a plain sort gives: each row at its best score, best first, ties by the lower row
+    if presort:
+        pairs = sorted(pairs, key=lambda p: -p[1])
+    best = {}
+    for r, s in pairs:
+        best[r] = max(best.get(r, -1.0), s)
+    expect = sorted(best.items(), key=lambda p: (-p[1], p[0]))[:k]
+    rows, scores = ann.ranked(np.array([p[0] for p in pairs], np.int64), np.array([p[1] for p in pairs], np.float32), k)
+    assert rows.dtype == np.int64 and scores.dtype == np.float64
+    assert rows.tolist() == [r for r, _ in expect]
+    assert scores.tolist() == pytest.approx([s for _, s in expect])
 
 
 def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
