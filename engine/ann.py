@@ -1,7 +1,7 @@
 """ANN first stages over the full-width rotated documents (issue 19): building, effort tuning, memory, selection.
 
-Four kinds of faiss index over the (N, D) float32 rotated documents ``R d`` (unit norm at D, so the inner
-product is the frozen encoder's cosine and the ranking by L2 distance is the same ranking):
+Five kinds of faiss index over the (N, D) rotated documents ``R d`` (unit norm at D, so the inner product is the
+frozen encoder's cosine and the ranking by L2 distance is the same ranking), float32 but for ``hnsw_fp16``:
 
 ==================  =========================================  ============================================
 kind                faiss class                                effort (per query)
@@ -9,10 +9,18 @@ kind                faiss class                                effort (per query
 ``ivf``             ``IndexIVFFlat`` (inner product)           ``nprobe``: inverted lists scanned
 ``ivf_panorama``    ``IndexIVFFlatPanorama`` (inner product)   ``nprobe``; level pruning inside each list
 ``hnsw``            ``IndexHNSWFlat`` (inner product)          ``efSearch``: the search beam
+``hnsw_fp16``       ``IndexHNSWSQ`` fp16 (inner product)       ``efSearch``; vectors stored in float16
 ``hnsw_panorama``   ``IndexHNSWFlatPanorama`` (L2: faiss        ``efSearch``; level pruning of each distance
                     1.15 builds it for L2 only; equal ranking
                     on unit vectors)
 ==================  =========================================  ============================================
+
+``hnsw_fp16`` holds the vectors in float16 (faiss's ``ScalarQuantizer.QT_fp16``): 2 D bytes a document instead
+of 4 D, and each distance reads half the memory.  On debdocs' 221,170 passages (M = 32, one thread) it realised
+the same recall@10 as ``hnsw`` at every efSearch tried (0.9488 / 0.9836 / 0.9925 / 0.9946 at 96 / 256 / 480 /
+640) at 0.66-0.70x its p50 and 0.58x its bytes (219 against 381 MiB), so ``auto`` builds it in place of
+``hnsw`` (docs/SCALING.md).  Its scores are inner products with the float16-rounded documents (relative error
+of a coordinate at most 2^-11).
 
 Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
 adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
@@ -42,13 +50,16 @@ import numpy as np
 
 from adawidth.prefix import top_k
 
-ANN_KINDS = ("ivf", "hnsw", "ivf_panorama", "hnsw_panorama")
+ANN_KINDS = ("ivf", "hnsw", "ivf_panorama", "hnsw_panorama", "hnsw_fp16")
 """ANN backends a version may hold."""
 BACKEND_CHOICES = ("none", "auto", *ANN_KINDS)
 """Values of the trainer's ``--ann``: ``none`` (flat only), ``auto`` (:func:`select_backend`) or one kind."""
-EFFORT_NAME = {"ivf": "nprobe", "ivf_panorama": "nprobe", "hnsw": "efSearch", "hnsw_panorama": "efSearch"}
+EFFORT_NAME = {"ivf": "nprobe", "ivf_panorama": "nprobe", "hnsw": "efSearch", "hnsw_panorama": "efSearch",
+               "hnsw_fp16": "efSearch"}
 FAISS_CLASS = {"ivf": "IndexIVFFlat", "ivf_panorama": "IndexIVFFlatPanorama", "hnsw": "IndexHNSWFlat",
-               "hnsw_panorama": "IndexHNSWFlatPanorama"}
+               "hnsw_panorama": "IndexHNSWFlatPanorama", "hnsw_fp16": "IndexHNSWSQ"}
+VECTOR_BYTES = {"hnsw_fp16": 2.0}
+"""Bytes a coordinate of the ANN's own copy of the vectors (4, float32, for kinds not listed)."""
 EFFORT_STEP = 1.25
 """Ratio between consecutive efforts of :func:`effort_grid` (about; rounded to integers).  A tuned effort overshoots
 its target by up to one step: at 1.5 (this grid before 2026-12-04) debdocs' 0.99 jumped from efSearch 256
@@ -154,8 +165,8 @@ def bytes_per_document(backend: str, n: int, d: int, params: AnnParams | None = 
     Returns:
         ``{"vectors", "graph", "ids", "panorama", "levels", "float16", "documents", "total"}`` in bytes per
         document (floats): ``documents`` is the version's ``docs.npy`` (4 D, memory-mapped; the exact rescoring
-        and exact path read it), ``vectors`` the ANN's own float32 copy, ``levels`` the level store without its
-        float16 part, ``float16`` that part.
+        and exact path read it), ``vectors`` the ANN's own copy (float32; float16 for ``hnsw_fp16``), ``levels``
+        the level store without its float16 part, ``float16`` that part.
     """
     out = {"vectors": 0.0, "graph": 0.0, "ids": 0.0, "panorama": 0.0, "levels": 0.0, "float16": 0.0,
            "documents": 4.0 * d}
@@ -165,7 +176,7 @@ def bytes_per_document(backend: str, n: int, d: int, params: AnnParams | None = 
     elif backend in ANN_KINDS:
         if params is None:
             raise ValueError(f"{backend} needs its AnnParams")
-        out["vectors"] = 4.0 * d
+        out["vectors"] = VECTOR_BYTES.get(backend, 4.0) * d
         if backend.startswith("ivf"):
             out["ids"] = 8.0
             out["graph"] = 4.0 * d * params.nlist / max(n, 1)  # the centroids, shared
@@ -202,8 +213,8 @@ def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_00
                    fp16_width: int = 0, params: dict | None = None) -> BackendChoice:
     """Pick the stage-1 backend of a build.
 
-    ``none``: flat.  A kind: that kind.  ``auto``: flat below ``ann_min_docs`` documents; else ``hnsw`` when it
-    fits the budget (the fastest at equal recall), else ``ivf`` (smaller: no graph), with flat among the
+    ``none``: flat.  A kind: that kind.  ``auto``: flat below ``ann_min_docs`` documents; else ``hnsw_fp16`` when
+    it fits the budget (the fastest at equal recall, and smaller than ``hnsw``), else ``ivf``, with flat among the
     ``alternatives`` when it fits too: the build times both at the default recall target on its tuning queries
     and keeps the faster (:func:`pick_by_latency`; on 10^6 Gaussian documents HNSW needs efSearch 4096 for
     recall@10 0.99 and the level scan is ~5 x faster, ``bench/results/scale/``).  Every choice must fit
@@ -241,7 +252,7 @@ def select_backend(requested: str, n: int, d: int, *, ann_min_docs: int = 200_00
         if n < ann_min_docs:
             candidates, why = ["flat"], f"N = {n:,} < ann_min_docs = {ann_min_docs:,}"
         else:
-            candidates, why = ["hnsw", "ivf"], f"N = {n:,} >= ann_min_docs = {ann_min_docs:,}"
+            candidates, why = ["hnsw_fp16", "ivf"], f"N = {n:,} >= ann_min_docs = {ann_min_docs:,}"
     else:
         candidates, why = ["flat" if requested == "none" else requested], f"--ann {requested}"
     tried = []
@@ -325,6 +336,9 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
         return index  # faiss's Python wrapper keeps the quantizer referenced by the index
     if k == "hnsw":
         index = faiss.IndexHNSWFlat(d, params.M, faiss.METRIC_INNER_PRODUCT)
+    elif k == "hnsw_fp16":
+        index = faiss.IndexHNSWSQ(d, faiss.ScalarQuantizer.QT_fp16, params.M, faiss.METRIC_INNER_PRODUCT)
+        index.train(X)  # fp16 has nothing to learn; faiss wants the call
     elif k == "hnsw_panorama":
         index = faiss.IndexHNSWFlatPanorama(d, params.M, params.n_levels)
     else:
@@ -337,9 +351,9 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
 @dataclass(frozen=True)
 class AnnHits:
     """One query's ANN candidates: ``rows`` (c,) int64 best first (no -1), ``scores`` (c,) float32 their inner
-    products with the query at full width as faiss computed them (every kind of :data:`ANN_KINDS` stores the
-    float32 vectors and scores a returned document in full, Panorama's too: exact up to float32 rounding, higher
-    is closer; HNSW Panorama's squared L2 distances converted for unit documents), ``work``
+    products with the query at full width as faiss computed them (every kind of :data:`ANN_KINDS` scores a
+    returned document in full, Panorama's too: exact up to float32 rounding, ``hnsw_fp16`` against the
+    float16-rounded documents; higher is closer; HNSW Panorama's squared L2 distances converted for unit documents), ``work``
     multiply-adds it cost (documents whose distance was computed × D, and the IVF centroids; HNSW counts from
     faiss's global statistics, so approximate under concurrent searches), and for an IVF search asked for them
     (:func:`search`'s ``centroids``) every centroid ranked: ``centroid_scores`` (nlist,) float32 the query's

@@ -106,7 +106,8 @@ class Trace(BaseModel):
                                                           "rescore, fuse, rerank) and total.")
     stage1_backend: str | None = Field(None, description="Stage-1 backend of the dense lane: 'levels' (certified "
                                        "level scan), 'flat' (exhaustive scan), an ANN kind (ivf, hnsw, "
-                                       "ivf_panorama, hnsw_panorama; issue 19), or faiss / milvus (prefix shortlist).")
+                                       "ivf_panorama, hnsw_panorama, hnsw_fp16; issue 19), or faiss / milvus "
+                                       "(prefix shortlist).")
     effort: int | None = Field(None, description="ANN backends: the per-query effort used (nprobe or efSearch).")
     effort_name: str | None = Field(None, description="ANN backends: 'nprobe' or 'efSearch'.")
     effort_per_query: bool | None = Field(None, description="Policy 'recall': True when a per-query model chose "

@@ -138,7 +138,7 @@ class BuildOptions:
     recall_bound: str = "data_aware_doc"   # the level scan's probabilistic bound of policy 'recall'
     pseudo_queries: int = 600              # calibration queries drawn from the corpus when there is no train split
     strict: bool = False                   # refuse a corpus with empty documents instead of skipping them (issue 18)
-    ann: str = "none"                      # ANN first stage (issue 19): none, auto, ivf, hnsw, ivf_panorama, hnsw_panorama
+    ann: str = "none"                      # ANN first stage (issue 19): none, auto or a kind of engine.ann.ANN_KINDS
     ann_params: dict = field(default_factory=dict)  # overrides of engine.ann.default_params (M, ef_construction, nlist)
     ann_tuning_queries: int = 1000         # at most this many queries tune the effort curve
     ann_effort_model: bool = True          # fit and time the per-query effort model (engine.ann.probe)

@@ -49,7 +49,7 @@ from trainer.config import TrainerSettings
 from trainer.export_onnx import export_encoder
 from trainer.retention import run_retention
 
-ANN_CHOICES = ("none", "auto", "ivf", "hnsw", "ivf_panorama", "hnsw_panorama")
+ANN_CHOICES = ("none", "auto", "ivf", "hnsw", "ivf_panorama", "hnsw_panorama", "hnsw_fp16")
 """``build --ann`` values: :data:`engine.ann.BACKEND_CHOICES`, spelled out so the CLI starts without faiss
 (tests/unit/test_ann.py checks they are equal)."""
 

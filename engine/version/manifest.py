@@ -293,7 +293,7 @@ class AnnEffortSection(_Section):
 class AnnSection(_Section):
     """An ANN first stage over the full-width rotated documents (:mod:`engine.ann`), served by policy ``recall``."""
 
-    kind: str = Field(description="ivf, hnsw, ivf_panorama or hnsw_panorama (engine.ann.ANN_KINDS).")
+    kind: str = Field(description="ivf, hnsw, ivf_panorama, hnsw_panorama or hnsw_fp16 (engine.ann.ANN_KINDS).")
     faiss_class: str = Field(description="The faiss index class (IndexIVFFlat, IndexHNSWFlat, ...).")
     metric: str = Field(description="inner product, or L2 (hnsw_panorama; the same ranking on unit vectors).")
     file: str = "ann.faiss"

@@ -2,8 +2,9 @@
 ``recall`` against exhaustive search, a target the backend cannot meet served exactly, and a version without
 the ANN section (schema 3) still loading.
 
-The version is built by the real trainer (PCA rotation, ``ann="hnsw"`` forced although SciFact's 5,183
-documents are below ``ann_min_docs``) from the embedding cache; the effort curve is tuned on SciFact's 809
+The version is built by the real trainer (PCA rotation, ``ann="hnsw_fp16"``, the kind ``--ann auto`` builds,
+forced although SciFact's 5,183 documents are below ``ann_min_docs``; ``tests/integration/test_trainer_cli.py``
+builds the float32 ``hnsw``) from the embedding cache; the effort curve is tuned on SciFact's 809
 training queries and the recall is measured on its 300 test queries.
 """
 
@@ -32,12 +33,13 @@ from tests.conftest import SCIFACT, VAR, build_home
 from trainer.embed_cache import EmbeddingCache, encode_with_cache
 
 pytestmark = pytest.mark.integration
+KIND = "hnsw_fp16"
 
 
 @pytest.fixture(scope="module")
 def ann_home(tmp_path_factory, encoder_dir, encoder):
     """A home whose live SciFact version has an HNSW first stage (PCA rotation, one router)."""
-    return build_home(tmp_path_factory.mktemp("ann-home"), encoder_dir, encoder, rotation="pca", ann="hnsw",
+    return build_home(tmp_path_factory.mktemp("ann-home"), encoder_dir, encoder, rotation="pca", ann=KIND,
                       capacity=False, action_pairs=((64, 128),), default_pair=(64, 128))
 
 
@@ -63,22 +65,22 @@ def test_queries(encoder):
 def test_build_and_load_round_trip(ann_build):
     path, m = ann_build
     assert m.schema_version == SCHEMA_VERSION == 5
-    assert m.ann is not None and m.ann.kind == "hnsw" and m.ann.faiss_class == "IndexHNSWFlat"
+    assert m.ann is not None and m.ann.kind == KIND and m.ann.faiss_class == "IndexHNSWSQ"
     assert m.ann.file in m.files and m.files[m.ann.file].size_bytes == (path / m.ann.file).stat().st_size
     assert m.ann.params["M"] == 32 and m.ann.params["ef_construction"] == 80 and m.ann.effort_name == "efSearch"
     assert m.ann.tuning_source == "train" and m.ann.tuning_queries == 809
     efforts = [p["effort"] for p in m.ann.curve]
     assert efforts == sorted(efforts) and m.ann.targets["0.95"] is not None
     assert m.ann.targets["0.95"] <= (m.ann.targets["0.99"] or 10**9)
-    assert m.backend.chosen == "hnsw" and m.backend.requested == "hnsw"
+    assert m.backend.chosen == KIND and m.backend.requested == KIND
     assert set(m.backend.bytes_per_document) == {"flat", *ann.ANN_KINDS}
-    assert m.ann.bytes_per_document["vectors"] == 4 * 384 and m.ann.bytes_per_document["graph"] > 0
+    assert m.ann.bytes_per_document["vectors"] == 2 * 384  # float16 and m.ann.bytes_per_document["graph"] > 0
     assert m.levels is None and m.recall_policy is None  # an ANN version holds no level store
     assert m.policy.default == "recall"
     v = IndexVersion.load(path)
-    assert v.ann is not None and v.ann.kind == "hnsw" and v.ann.index.ntotal == v.size == 5183
+    assert v.ann is not None and v.ann.kind == KIND and v.ann.index.ntotal == v.size == 5183
     rep = v.backend_report()
-    assert rep["backend"] == "hnsw" and rep["bytes_per_document"]["total"] > 4 * 384
+    assert rep["backend"] == KIND and rep["bytes_per_document"]["total"] > 4 * 384
 
 
 def _served(version, Q, **fields):
@@ -92,7 +94,7 @@ def test_served_recall_meets_095_on_scifact_test_queries(ann_build, test_queries
     truth = ann.exhaustive_top_k(np.asarray(v.docs), Q_rot, 10)
     results = _served(v, test_queries, recall_target=0.95)
     recall = ann.recall_at([r.rows for r in results], truth)
-    assert all(r.trace["stage1_backend"] == "hnsw" and r.trace["served_exact_because"] is None for r in results)
+    assert all(r.trace["stage1_backend"] == KIND and r.trace["served_exact_because"] is None for r in results)
     efforts = {r.trace["effort"] for r in results}
     if v.ann.uses_model(0.95):  # the build measured the per-query effort model faster at 0.95
         assert all(r.trace["effort_per_query"] for r in results) and len(efforts) > 1
@@ -167,15 +169,15 @@ def test_the_gateway_reports_the_backend_and_serves_an_unmeetable_target_exactly
     app = create_app(GatewaySettings(home=ann_home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as client:
         ready = client.get("/readyz").json()
-        assert ready["stage1"]["backend"] == "hnsw" and ready["stage1"]["effort_name"] == "efSearch"
-        assert ready["stage1"]["bytes_per_document"]["vectors"] == 4 * 384
+        assert ready["stage1"]["backend"] == KIND and ready["stage1"]["effort_name"] == "efSearch"
+        assert ready["stage1"]["bytes_per_document"]["vectors"] == 2 * 384  # float16
         r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 1.0})
         assert r.status_code == 200, r.text
         t = r.json()["trace"]
         assert t["policy"] == "exact" and "certifies nothing" in t["served_exact_because"]
         r = client.post("/v1/search", json={"query": "vitamin D and multiple sclerosis", "k": 5, "recall_target": 0.95})
         t = r.json()["trace"]
-        assert r.status_code == 200 and t["policy"] == "recall" and t["stage1_backend"] == "hnsw"
+        assert r.status_code == 200 and t["policy"] == "recall" and t["stage1_backend"] == KIND
         assert t["effort"] == app.state.gw.live.ann.effort(0.95) and t["served_exact_because"] is None
 
 
@@ -194,7 +196,7 @@ def test_auto_times_hnsw_against_the_level_scan_and_keeps_only_the_faster(tmp_pa
                                            action_pairs=((64, 128),), default_pair=(64, 128), publish=False),
                               settings, encoder)
     meas = m.backend.measured
-    assert meas is not None and set(meas["backends"]) == {"hnsw", "flat"} and meas["queries"] == 200
+    assert meas is not None and set(meas["backends"]) == {"hnsw_fp16", "flat"} and meas["queries"] == 200
     assert meas["recall_target"] == 0.99 and meas["chosen"] == m.backend.chosen
     p50 = {b: x["p50_ms"] for b, x in meas["backends"].items()}
     assert m.backend.chosen == min(p50, key=p50.get) and "faster than" in m.backend.reason
@@ -209,5 +211,5 @@ def test_auto_times_hnsw_against_the_level_scan_and_keeps_only_the_faster(tmp_pa
     assert "faster than" in rep["chosen_because"] and rep["measured"]["chosen"] == m.backend.chosen
     r = Pipeline().search(v, [SearchSpec(query="q", k=10)], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
     assert r.trace["policy"] == "recall" and r.trace["stage1_backend"] == ("levels" if m.backend.chosen == "flat"
-                                                                           else "hnsw")
+                                                                           else "hnsw_fp16")
     assert r.rows[0] == 0

@@ -21,18 +21,21 @@ def test_cli_choices_are_the_engines():
     assert ANN_CHOICES == ann.BACKEND_CHOICES
 
 
-def test_auto_is_flat_below_ann_min_docs_and_hnsw_above():
+def test_auto_is_flat_below_ann_min_docs_and_float16_hnsw_above():
     small = ann.select_backend("auto", 199_999, 384, ann_min_docs=200_000)
     assert small.backend == "flat" and "ann_min_docs" in small.reason
     big = ann.select_backend("auto", 200_000, 384, ann_min_docs=200_000)
-    assert big.backend == "hnsw"
+    assert big.backend == "hnsw_fp16"
+    f32 = ann.select_backend("hnsw", 200_000, 384).bytes_per_document
+    assert big.bytes_per_document["vectors"] == 2 * 384 and f32["vectors"] == 4 * 384
+    assert big.bytes_per_document["graph"] == f32["graph"]
     assert big.needed_bytes == pytest.approx(big.bytes_per_document["total"] * 200_000, rel=1e-6)
 
 
 def test_auto_above_ann_min_docs_also_times_the_level_scan_when_it_fits():
     n, d, level_bpd = 1_000_000, 384, 4.0 * 384 + 2 * 96 + 4 * 9
     got = ann.select_backend("auto", n, d, level_bytes_per_document=level_bpd, fp16_width=96)
-    assert got.backend == "hnsw" and got.alternatives == ("flat",)
+    assert got.backend == "hnsw_fp16" and got.alternatives == ("flat",)
     flat = ann.select_backend("none", n, d, level_bytes_per_document=level_bpd, fp16_width=96).needed_bytes
     tight = ann.select_backend("auto", n, d, level_bytes_per_document=level_bpd, fp16_width=96,
                                memory_budget_bytes=flat - 1)
@@ -54,15 +57,17 @@ def test_pick_by_latency_keeps_the_lowest_p50_and_says_by_how_much():
 
 def test_auto_falls_back_to_ivf_when_hnsw_does_not_fit():
     n, d = 1_000_000, 384
-    hnsw = ann.select_backend("hnsw", n, d).needed_bytes
     ivf = ann.select_backend("ivf", n, d).needed_bytes
+    assert ann.select_backend("hnsw_fp16", n, d).needed_bytes < ivf < ann.select_backend("hnsw", n, d).needed_bytes
+    wide = {"M": 128}  # a graph of 2 x 128 links a node outweighs the float16 saving
+    hnsw = ann.select_backend("hnsw_fp16", n, d, params=wide).needed_bytes
     assert ivf < hnsw
-    got = ann.select_backend("auto", n, d, memory_budget_bytes=(ivf + hnsw) // 2)
+    got = ann.select_backend("auto", n, d, memory_budget_bytes=(ivf + hnsw) // 2, params=wide)
     assert got.backend == "ivf" and got.needed_bytes == ivf
 
 
 def test_a_backend_over_budget_raises_with_the_bytes_needed():
-    need = ann.select_backend("ivf", 1_000_000, 384).needed_bytes
+    need = ann.select_backend("hnsw_fp16", 1_000_000, 384).needed_bytes  # the smallest of auto's candidates
     with pytest.raises(ann.MemoryBudgetError) as e:
         ann.select_backend("auto", 1_000_000, 384, memory_budget_bytes=10**9)
     assert isinstance(e.value, ValueError) and e.value.needed_bytes == need and e.value.budget_bytes == 10**9
@@ -138,10 +143,13 @@ def test_every_kind_tunes_and_serves_its_target(corpus, kind):
     res = Pipeline().search(v, [SearchSpec("q", k=10, width="auto", recall_target=0.95)] * len(Qe), embeddings=Qe)
     truth = ann.exhaustive_top_k(X, Qe)
     assert ann.recall_at([r.rows for r in res], truth).mean() >= 0.94
+    # exact up to float32 rounding; float16 documents: each coordinate within 2^-11 relative, so a unit query's
+    # score within 2^-11 (Cauchy-Schwarz)
+    atol = 2.0 ** -11 if kind == "hnsw_fp16" else 1e-6
     for r, q in zip(res, Qe):
         assert r.trace["policy"] == "recall" and r.trace["stage1_backend"] == kind
         assert r.trace["effort"] == a.effort(0.95) and r.trace["effort_name"] == ann.EFFORT_NAME[kind]
-        np.testing.assert_allclose(r.scores, X[r.rows] @ q, rtol=1e-5, atol=1e-6)  # exact full-width scores
+        np.testing.assert_allclose(r.scores, X[r.rows] @ q, rtol=1e-5, atol=atol)  # full width, as stored
         assert list(r.scores) == sorted(r.scores, reverse=True)
     Trace(**res[0].trace)
 
