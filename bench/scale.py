@@ -414,7 +414,8 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     for name, kind, M, targets in plain:
         index, params, build_s = _faiss_ann(kind, X_rot, M)
         t = time.perf_counter()
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=max(targets) + 0.005)
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=max(targets) + 0.005,
+                                refine_for=ANN_TARGETS)
         tune_s = time.perf_counter() - t
         built[(kind, M)] = (index, params, curve, build_s)
         mem = _index_bytes(index, faiss)
@@ -457,11 +458,13 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     key = (ours_kind, 32)
     if key not in built:
         index, params, build_s = _faiss_ann(ours_kind, X_rot, 32)
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997)
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997,
+                                refine_for=ANN_TARGETS)
         built[key] = (index, params, curve, build_s)
     index, params, curve, build_s = built[key]
     if curve[-1]["recall"] < 0.997 and curve[-1]["effort"] < ann.effort_grid(params)[-1]:
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997)
+        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997,
+                                refine_for=ANN_TARGETS)
     mem = _index_bytes(index, faiss) + D * D * 4  # the index (faiss scores the candidates at full width) and R
     pipe = Pipeline()
 

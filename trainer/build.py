@@ -592,8 +592,9 @@ def _ann(ctx: BuildContext) -> None:
             Q = Q[np.sort(rng.choice(len(Q), opts.ann_tuning_queries, replace=False))]
         Q_rot = np.ascontiguousarray(Q @ ctx.R.T, np.float32)
         truth = ann.exhaustive_top_k(ctx.X_rot, Q_rot, 10)
-        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10, truth=truth)
-    margin = 0.25 if pseudo is None else 0.5
+        margin = 0.25 if pseudo is None else 0.5
+        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10, truth=truth,
+                                refine_for=tuple(ann.goal(t, margin) for t in ann.DEFAULT_TARGETS))
     targets = {f"{t:g}": ann.effort_for(curve, t, margin) for t in ann.DEFAULT_TARGETS}
     ctx.ann = {"index": index, "params": params, "curve": curve,
                "section": {"targets": targets, "margin_share": margin, "tuning_source": source,

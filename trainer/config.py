@@ -32,7 +32,7 @@ class TrainerSettings(BaseSettings):
     milvus_token: str | None = Field(None, description="Milvus credentials ('user:password' or an API key).")
     milvus_prefix: str = Field("adawidth", description="Prefix of the Milvus collection names.")
     ann_min_docs: int = Field(200_000, ge=0, description="`build --ann auto`: corpora of at least this many documents "
-                              "get an ANN first stage (HNSW, else IVF when HNSW does not fit the memory budget); "
+                              "get an ANN first stage (HNSW with float16 vectors, else IVF when it does not fit the memory budget); "
                               "smaller ones the flat certified level scan.")
     memory_budget_bytes: int | None = Field(None, ge=1, description="Bytes a built version's stage 1 may hold "
                                             "(documents, level store or ANN index); a build whose backend does not "

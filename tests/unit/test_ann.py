@@ -154,6 +154,28 @@ def test_every_kind_tunes_and_serves_its_target(corpus, kind):
     Trace(**res[0].trace)
 
 
+def test_refinement_bisects_between_grid_points_and_lands_nearer_the_goal(corpus):
+    X, Qt, _ = corpus
+    p = ann.default_params("hnsw", len(X), M=4, ef_construction=16)  # a weak graph: recall climbs over many efforts
+    index = ann.build_index(X, p)
+    grid = ann.tune_effort(index, p, X, Qt, stop_at=0.999)
+    # a goal between two grid points that are at least 4 efforts apart
+    i = next(i for i in range(1, len(grid)) if grid[i]["effort"] - grid[i - 1]["effort"] >= 4
+             and grid[i]["recall"] - grid[i - 1]["recall"] > 0.002)
+    g = (grid[i - 1]["recall"] + grid[i]["recall"]) / 2
+    refined = ann.tune_effort(index, p, X, Qt, stop_at=0.999, refine_for=(g,), refine_steps=3)
+    efforts = [c["effort"] for c in refined]
+    assert efforts == sorted(set(efforts)) and set(c["effort"] for c in grid) < set(efforts)
+    added = [e for e in efforts if grid[i - 1]["effort"] < e < grid[i]["effort"]]
+    assert 1 <= len(added) <= 3  # one pass over the tuning queries per bisection
+    for c in refined:  # the grid's points are measured as before
+        same = next((x for x in grid if x["effort"] == c["effort"]), None)
+        assert same is None or same == c
+    e = ann.effort_for(refined, g)
+    assert e <= ann.effort_for(grid, g) and next(c["recall"] for c in refined if c["effort"] == e) >= g
+    assert ann.tune_effort(index, p, X, Qt, stop_at=0.999, refine_for=(1.01,)) == grid  # unreachable: unchanged
+
+
 def test_targets_it_cannot_meet_and_thin_filters_are_served_exactly(corpus):
     X, Qt, Qe = corpus
     p = ann.default_params("hnsw", len(X), M=8, ef_construction=20)
