@@ -339,7 +339,6 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
         index = faiss.IndexHNSWFlat(d, params.M, faiss.METRIC_INNER_PRODUCT)
     elif k == "hnsw_fp16":
         index = faiss.IndexHNSWSQ(d, faiss.ScalarQuantizer.QT_fp16, params.M, faiss.METRIC_INNER_PRODUCT)
-        index.train(X)  # fp16 has nothing to learn; faiss wants the call
     elif k == "hnsw_panorama":
         index = faiss.IndexHNSWFlatPanorama(d, params.M, params.n_levels)
     else:

@@ -74,7 +74,7 @@ def test_build_and_load_round_trip(ann_build):
     assert m.ann.targets["0.95"] <= (m.ann.targets["0.99"] or 10**9)
     assert m.backend.chosen == KIND and m.backend.requested == KIND
     assert set(m.backend.bytes_per_document) == {"flat", *ann.ANN_KINDS}
-    assert m.ann.bytes_per_document["vectors"] == 2 * 384  # float16 and m.ann.bytes_per_document["graph"] > 0
+    assert m.ann.bytes_per_document["vectors"] == 2 * 384 and m.ann.bytes_per_document["graph"] > 0  # float16
     assert m.levels is None and m.recall_policy is None  # an ANN version holds no level store
     assert m.policy.default == "recall"
     v = IndexVersion.load(path)
