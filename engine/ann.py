@@ -18,8 +18,9 @@ kind                faiss class                                effort (per query
 ``hnsw_fp16`` holds the vectors in float16 (faiss's ``ScalarQuantizer.QT_fp16``): 2 D bytes a document instead
 of 4 D, and each distance reads half the memory.  On debdocs' 221,170 passages (M = 32, one thread) it realised
 the same recall@10 as ``hnsw`` at every efSearch tried (0.9488 / 0.9836 / 0.9925 / 0.9946 at 96 / 256 / 480 /
-640) at 0.66-0.70x its p50 and 0.58x its bytes (219 against 381 MiB), so ``auto`` builds it in place of
-``hnsw`` (docs/SCALING.md).  Its scores are inner products with the float16-rounded documents (relative error
+640) at 0.66-0.70x its p50 and 0.58x its bytes (219 against 381 MiB) on an AMD EPYC, so ``auto`` builds it in
+place of ``hnsw`` (docs/SCALING.md).  On an Intel Xeon it was slower than ``hnsw`` (faiss's float16 HNSW 1.02-1.20x
+faiss's float32 one's p50 at 0.99, two runs): the bytes are saved everywhere, the time only on some machines.  Its scores are inner products with the float16-rounded documents (relative error
 of a coordinate at most 2^-11).
 
 Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
@@ -527,7 +528,7 @@ EFFORT_FEATURES = ("probe_s1", "probe_sk", "probe_gap", "probe_gap12", "probe_me
 
 @dataclass
 class AnnEvidence:
-    """The probe of one query: its search at the cheapest effort of the grid.
+    """The probe of one query: its search at the effort model's first effort (:func:`probe_candidates`).
 
     Attributes:
         vector: (F,) float64 the evidence in :data:`EFFORT_FEATURES` order: the probe's top-k full-width scores
@@ -572,7 +573,7 @@ class AnnEvidence:
 
 def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
           allowed: np.ndarray | None = None) -> AnnEvidence:
-    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the grid's cheapest) and read the
+    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the model grid's first) and read the
     evidence the per-query effort model takes (:class:`AnnEvidence`) off faiss's own full-width scores of its
     ``k`` candidates (no second scoring pass).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the
     search's first steps, for IVF the distances to the nearest centroids, predict the termination a query needs)
@@ -630,6 +631,13 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
                           allowed)
     else:
         hits = search(index, kind, query, k, effort, allowed)
+    return merge_with_probe(ev, hits, k)
+
+
+def merge_with_probe(ev: AnnEvidence, hits: AnnHits, k: int) -> AnnHits:
+    """The best ``k`` of a probe's candidates and a continuation's together, by faiss's full-width scores (a row
+    both found counts once), with both searches' work: what :func:`continue_search` serves, and what
+    :func:`trainer.recall_fit.effort_tables` reassembles from searches it runs once per effort."""
     rows, scores = ranked(np.concatenate([ev.rows, hits.rows]), np.concatenate([ev.scores, hits.scores]), k)
     return AnnHits(rows, ev.work + hits.work, scores=scores)
 
@@ -733,8 +741,10 @@ MODEL_EFFORT_CAP = 2.0
 the tuned effort of the highest :data:`DEFAULT_TARGETS` (:func:`model_efforts`)."""
 
 
-def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.0) -> tuple[int, ...]:
-    """The efforts the per-query effort model chooses among: :func:`effort_grid` up to the first effort at least
+def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.0,
+                  probe: int | None = None) -> tuple[int, ...]:
+    """The efforts the per-query effort model chooses among: :func:`effort_grid` from ``probe`` (the probe's
+    effort, the grid's cheapest by default; :func:`probe_candidates`) up to the first effort at least
     :data:`MODEL_EFFORT_CAP` x the tuned effort (:func:`effort_for` on ``curve`` at ``margin_share``) of the
     highest default target; the whole grid when no tuned effort reaches it.
 
@@ -744,8 +754,42 @@ def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.
     ``bench/results/scale/summary.md``, ``ours_hnsw_recall_0.99``).
     """
     grid = effort_grid(params)
+    if probe is not None:
+        if int(probe) not in grid:
+            raise ValueError(f"probe effort {probe} is not on the grid {grid}")
+        grid = tuple(e for e in grid if e >= int(probe))
     top = effort_for(curve, max(DEFAULT_TARGETS), margin_share)
     if top is None:
         return grid
     cap = MODEL_EFFORT_CAP * top
     return tuple(e for e in grid if e < cap) + tuple(e for e in grid if e >= cap)[:1]
+
+
+PROBE_CANDIDATES = 6
+"""At most this many probe efforts :func:`probe_candidates` offers the build to choose among."""
+
+
+def probe_candidates(params: AnnParams, curve: list[dict], margin_share: float = 0.0) -> tuple[int, ...]:
+    """The efforts a per-query effort model may probe at, increasing (the build picks one by the calibration
+    queries' median work, :func:`trainer.recall_fit.fit_effort_model`).
+
+    HNSW: grid efforts from the cheapest up to the tuned effort of the lowest default target (:func:`effort_for`;
+    the whole grid's first :data:`PROBE_CANDIDATES` when none is tuned), at most :data:`PROBE_CANDIDATES` of
+    them spread evenly over the grid's positions.  HNSW cannot resume a search, so a query the probe does not
+    settle pays the probe again on top of its continuation; a probe near the cheapest target's effort settles
+    more queries at the probe itself, which is what a p50 rewards.  On debdocs' 221,170 passages the build chose
+    efSearch 40 over 10: the median calibrated work at 0.95 fell 32 % and rose 19 % at 0.99, and the measured
+    per-query p50 at 0.95 went from 1.15x the fixed effort's (probe 10) to 0.93-0.97x (docs/SCALING.md).
+    IVF resumes its probe (:func:`continue_search`), so the probe costs nothing twice: the grid's cheapest only.
+    """
+    grid = effort_grid(params)
+    if not params.kind.startswith("hnsw"):
+        return grid[:1]
+    low = effort_for(curve, min(DEFAULT_TARGETS), margin_share)
+    upto = [e for e in grid if low is None or e <= low] or list(grid[:1])
+    if low is None:
+        upto = upto[:PROBE_CANDIDATES]
+    if len(upto) <= PROBE_CANDIDATES:
+        return tuple(upto)
+    pos = np.unique(np.round(np.linspace(0, len(upto) - 1, PROBE_CANDIDATES)).astype(int))
+    return tuple(int(upto[i]) for i in pos)

@@ -478,11 +478,11 @@ class AnnStage1:
     def per_query(self, query: np.ndarray, target: float, k: int,
                   allowed: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
         """The candidates of one rotated query ((D,) float32) at the effort the per-query model chooses for
-        ``target``: the probe at the grid's cheapest effort, then the cheapest effort whose predicted recall
-        clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`), searched on from the
-        probe (:func:`engine.ann.continue_search`); when that is the probe's effort the probe's candidates are
-        the answer.  Returns (hits with the probe's work included,
-        effort, probe's multiply-adds).  Where the model does not serve the target (:meth:`uses_model`), or at a
+        ``target``: the probe at the model grid's first effort (the probe effort the build chose,
+        :func:`trainer.recall_fit.fit_effort_model`), then the cheapest effort whose predicted recall clears the
+        target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`), searched on from the probe
+        (:func:`engine.ann.continue_search`); when that is the probe's effort the probe's candidates are the
+        answer.  Returns (hits with the probe's work included, effort, probe's multiply-adds).  Where the model does not serve the target (:meth:`uses_model`), or at a
         k it was not calibrated at, it is :meth:`search` at :meth:`effort`."""
         if not self.uses_model(target) or int(k) != int(self.effort_policy.k):  # calibrated at its k only
             effort = self.effort(target)

@@ -93,7 +93,7 @@ from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_rep
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
 from trainer.retention import check_build_disk, retention_after_build
-from trainer.recall_fit import calibration_report, concat_tables, effort_table, fit_recall_policy, recall_table
+from trainer.recall_fit import calibration_report, concat_tables, fit_effort_model, fit_recall_policy, recall_table
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
@@ -607,19 +607,21 @@ def _ann(ctx: BuildContext) -> None:
 
 
 def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth: np.ndarray, source: str) -> None:
-    """The ANN's per-query effort model (LAET / DARTH style; :func:`trainer.recall_fit.effort_table`,
-    :func:`engine.ann.probe`): fitted out of fold on the tuning queries, calibrated per target like the level
-    scan's recall policy (one standard error of the calibration mean on training queries, half the miss budget
-    on pseudo-queries), then timed through the served pipeline against the one tuned effort at each default
+    """The ANN's per-query effort model (LAET / DARTH style; :func:`trainer.recall_fit.fit_effort_model`,
+    :func:`engine.ann.probe`): its probe effort chosen among :func:`engine.ann.probe_candidates` by the tuning
+    queries' median work at the calibrated bars, fitted out of fold on the tuning queries, calibrated per target
+    like the level scan's recall policy (one standard error of the calibration mean on training queries, half
+    the miss budget on pseudo-queries), then timed through the served pipeline against the one tuned effort at each default
     target on up to :data:`MEASURE_QUERIES` of them; it serves a target only where its p50 is at most
     :data:`EFFORT_MODEL_MAX_RATIO` of the tuned effort's (the probe costs a search of its own, so a per-query
     effort that saves work need not save time)."""
     a, opts = ctx.ann, ctx.opts
-    table = effort_table(a["index"], a["params"], ctx.X_rot, Q_rot, k=10, truth=truth,
-                         efforts=ann.model_efforts(a["params"], a["curve"], a["section"]["margin_share"]))
-    booster, oof = fit_recall_policy(table, seed=opts.seed)
     margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if source == "train"
               else {"margin_rule": "share", "margin_share": 0.5})
+    fit = fit_effort_model(a["index"], a["params"], ctx.X_rot, Q_rot, a["curve"], k=10, truth=truth,
+                           margin_share=a["section"]["margin_share"], margin_rule=margin["margin_rule"],
+                           rule_share=margin["margin_share"], seed=opts.seed)
+    table, booster, oof = fit.table, fit.booster, fit.oof
     policy = RecallPolicy(booster, list(table.feature_names), np.asarray(table.z_grid, np.float64), "ann", oof,
                           table.recall, table.coordinates, k=10, **margin)
     rng = np.random.default_rng(opts.seed + 11)
@@ -640,6 +642,7 @@ def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth
                          "policy": policy,
                          "section": {"feature_names": list(table.feature_names),
                                      "z_grid": [float(z) for z in table.z_grid], "k": 10, **margin,
+                                     "probe_choice": fit.probes,
                                      "calibration_source": source, "per_query_targets": chosen,
                                      "measured": measured}}
     log.info("ann per-query effort model: serves targets %s (measured %s)", chosen, measured)

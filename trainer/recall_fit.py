@@ -100,20 +100,12 @@ def fit_recall_policy(table: RecallTable, *, folds: int = 4, seed: int = 0) -> t
     Raises:
         ValueError: with fewer than ``2 * folds`` calibration queries.
     """
-    Q, Z = table.recall.shape
+    Q = table.recall.shape[0]
     if Q < 2 * folds:
         raise ValueError(f"the recall policy needs at least {2 * folds} calibration queries, got {Q}")
     names = list(table.feature_names) + ["z"]
-    X = recall_policy.design(table.features, table.z_grid)
-    y = table.recall.reshape(-1)
-    fold_of = np.random.default_rng(seed + 7).permutation(Q) % folds
-    oof = np.zeros((Q, Z))
-    for f in range(folds):
-        fit_q, out_q = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
-        rows = (fit_q[:, None] * Z + np.arange(Z)[None, :]).reshape(-1)
-        model = _fit(X[rows], y[rows], names, seed)
-        oof[out_q] = model.predict(recall_policy.design(table.features[out_q], table.z_grid)).reshape(len(out_q), Z)
-    return _fit(X, y, names, seed), oof
+    oof = _oof(table, folds, seed)
+    return _fit(recall_policy.design(table.features, table.z_grid), table.recall.reshape(-1), names, seed), oof
 
 
 def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 0.99, 0.999),
@@ -148,38 +140,166 @@ def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 
 
 def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
                  truth: np.ndarray | None = None, efforts=None) -> RecallTable:
-    """The per-query effort model's table (issue 19): every calibration query probed once at the cheapest effort
-    (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, its best k ranked by
-    faiss's full-width scores (as served).
+    """The per-query effort model's table (issue 19): every calibration query probed once at the grid's first
+    effort (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, its best k ranked
+    by faiss's full-width scores (as served).
 
     Args:
         index, params: the ANN index and its :class:`engine.ann.AnnParams`.
         X_rot: (N, D) float32 rotated documents; Q_rot: (Q, D) float32 rotated calibration queries.
         k: recall@k.
         truth: (Q, k) exhaustive top-k rows (default computed).
-        efforts: the grid (default :func:`engine.ann.effort_grid`), increasing.
+        efforts: the grid (default :func:`engine.ann.effort_grid`), increasing; the first is the probe's.
 
     Returns:
         A :class:`RecallTable` whose ``z_grid`` is the effort grid: ``recall`` (Q, E) realised recall@k against
         exhaustive search, ``coordinates`` (Q, E) multiply-adds served (the probe, plus its continuation
         :func:`engine.ann.continue_search` unless the effort is the probe's), ``exact_coordinates`` (Q,) N·D.
     """
-    efforts = np.asarray(efforts if efforts is not None else ann.effort_grid(params), dtype=np.float64)
+    efforts = tuple(int(e) for e in (efforts if efforts is not None else ann.effort_grid(params)))
+    return effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=efforts,
+                         probes=efforts[:1])[efforts[0]]
+
+
+def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
+                  truth: np.ndarray | None = None, efforts=None, probes=None) -> dict[int, RecallTable]:
+    """:func:`effort_table` for several probe efforts at once: per probe p, the table over the efforts of the
+    grid from p on (p first), each as served (:func:`engine.ann.continue_search`).
+
+    HNSW's continuation is a fresh search merged with the probe's candidates
+    (:func:`engine.ann.merge_with_probe`), so each query is searched once per effort of the grid and probed once
+    per probe, and every probe's table is reassembled from those searches: the same rows, scores and work as
+    :func:`engine.ann.continue_search`.  IVF resumes its probe's lists, which depends on the probe: it runs
+    :func:`engine.ann.continue_search` per probe.
+
+    Args:
+        efforts: the grid, increasing (default :func:`engine.ann.effort_grid`).
+        probes: probe efforts, each on the grid (default its first).
+        (the rest as :func:`effort_table`)
+
+    Returns:
+        probe effort -> :class:`RecallTable`.
+
+    Raises:
+        ValueError: a probe not on the grid.
+    """
+    efforts = tuple(int(e) for e in (efforts if efforts is not None else ann.effort_grid(params)))
+    probes = tuple(int(p) for p in (probes if probes is not None else efforts[:1]))
+    bad = [p for p in probes if p not in efforts]
+    if bad:
+        raise ValueError(f"probe efforts {bad} are not on the effort grid {efforts}")
     truth = ann.exhaustive_top_k(X_rot, Q_rot, k) if truth is None else truth
-    Q, E = len(Q_rot), len(efforts)
-    rec, work = np.zeros((Q, E)), np.zeros((Q, E), dtype=np.int64)
-    feats = []
+    Q = len(Q_rot)
+    start = {p: efforts.index(p) for p in probes}
+    rec = {p: np.zeros((Q, len(efforts) - start[p])) for p in probes}
+    work = {p: np.zeros((Q, len(efforts) - start[p]), dtype=np.int64) for p in probes}
+    feats = {p: [] for p in probes}
+    resumes = not params.kind.startswith("hnsw")
+    first = min(start.values()) + 1
     for i, q in enumerate(Q_rot):
-        ev = ann.probe(index, params.kind, q, k, int(efforts[0]))
-        feats.append(ev.vector)
         t = set(truth[i].tolist())
-        for j, e in enumerate(efforts):
-            if j == 0:
-                rows, w = ev.rows, ev.work
-            else:  # as served (engine.stage1.AnnStage1.per_query): on from the probe
-                hits = ann.continue_search(index, params.kind, q, k, ev, int(e))
-                rows, w = hits.rows, hits.work
-            rec[i, j] = len(t.intersection(rows.tolist())) / max(len(t), 1)
-            work[i, j] = w
+        fresh = {} if resumes else {e: ann.search(index, params.kind, q, k, e) for e in efforts[first:]}
+        for p in probes:
+            ev = ann.probe(index, params.kind, q, k, p)
+            feats[p].append(ev.vector)
+            for j, e in enumerate(efforts[start[p]:]):
+                if j == 0:
+                    hits = ann.AnnHits(ev.rows, ev.work, scores=ev.scores)
+                elif resumes:  # as served (engine.stage1.AnnStage1.per_query): on from the probe
+                    hits = ann.continue_search(index, params.kind, q, k, ev, e)
+                else:
+                    hits = ann.merge_with_probe(ev, fresh[e], k)
+                rec[p][i, j] = len(t.intersection(hits.rows.tolist())) / max(len(t), 1)
+                work[p][i, j] = hits.work
     exact = np.full(Q, X_rot.shape[0] * X_rot.shape[1], dtype=np.int64)
-    return RecallTable(np.asarray(feats, dtype=np.float64), list(ann.EFFORT_FEATURES), rec, work, exact, efforts)
+    return {p: RecallTable(np.asarray(feats[p], dtype=np.float64).reshape(Q, len(ann.EFFORT_FEATURES)),
+                           list(ann.EFFORT_FEATURES), rec[p], work[p], exact,
+                           np.asarray(efforts[start[p]:], dtype=np.float64)) for p in probes}
+
+
+@dataclass
+class EffortFit:
+    """The per-query effort model a build serves (:func:`fit_effort_model`).
+
+    Attributes:
+        table: the calibration table of the chosen probe (its ``z_grid`` starts at the probe's effort).
+        booster: LightGBM over ``table.feature_names + ["z"]``; oof: (Q, E) its out-of-fold predictions.
+        probe: the chosen probe's effort (nprobe or efSearch).
+        probes: per probe effort tried (str), ``{"p50_work": {target: median multiply-adds}, "score": their
+            geometric mean}`` of the calibration queries' choices at each target's calibrated bar (lower is
+            cheaper): the figures the choice was made on.
+    """
+
+    table: RecallTable
+    booster: lgb.Booster
+    oof: np.ndarray
+    probe: int
+    probes: dict
+
+
+def _oof(table: RecallTable, folds: int, seed: int) -> np.ndarray:
+    """(Q, Z) out-of-fold predictions of ``table`` (K-fold over its queries)."""
+    Q, Z = table.recall.shape
+    names = list(table.feature_names) + ["z"]
+    X = recall_policy.design(table.features, table.z_grid)
+    y = table.recall.reshape(-1)
+    fold_of = np.random.default_rng(seed + 7).permutation(Q) % folds
+    oof = np.zeros((Q, Z))
+    for f in range(folds):
+        fit_q, out_q = np.flatnonzero(fold_of != f), np.flatnonzero(fold_of == f)
+        rows = (fit_q[:, None] * Z + np.arange(Z)[None, :]).reshape(-1)
+        model = _fit(X[rows], y[rows], names, seed)
+        oof[out_q] = model.predict(recall_policy.design(table.features[out_q], table.z_grid)).reshape(len(out_q), Z)
+    return oof
+
+
+def calibrated_p50_work(table: RecallTable, oof: np.ndarray, target: float, margin_rule: str = "standard_error",
+                        margin_share: float = 0.25) -> float:
+    """The calibration queries' median multiply-adds (lower is cheaper) when each takes the cheapest effort whose
+    out-of-fold prediction clears the bar calibrated for ``target`` (:func:`adawidth.recall_policy.calibrate_bar`
+    at :func:`adawidth.recall_policy.calibration_goal`); the grid's last effort where no bar meets it."""
+    goal = recall_policy.calibration_goal(target, table.recall, margin_rule, margin_share)
+    bar = recall_policy.calibrate_bar(oof, table.recall, goal)
+    pick = recall_policy.choose(oof, bar) if np.isfinite(bar) else np.full(len(oof), oof.shape[1] - 1)
+    return float(np.median(np.asarray(table.coordinates, np.float64)[np.arange(len(oof)), pick]))
+
+
+def fit_effort_model(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve: list[dict], *, k: int = 10,
+                     truth: np.ndarray | None = None, margin_share: float = 0.0,
+                     targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
+                     rule_share: float = 0.25, folds: int = 4, seed: int = 0) -> EffortFit:
+    """The per-query effort model with its probe effort chosen on the calibration queries (issue 19).
+
+    For every probe of :func:`engine.ann.probe_candidates` (``curve``: the tuned effort curve,
+    :func:`engine.ann.tune_effort`; ``margin_share``: the share the fixed efforts are served at), the table over
+    :func:`engine.ann.model_efforts` from that probe (:func:`effort_tables`), its out-of-fold predictions, and
+    per target the median work of the calibrated choices (:func:`calibrated_p50_work` under ``margin_rule`` /
+    ``rule_share``).  The probe with the lowest geometric mean of those medians over ``targets`` is chosen and
+    its model refitted on all queries.  A median because the issue's target is a p50; work (distance
+    computations x D) because it is what one thread's latency follows and it does not move with a shared
+    machine's load.
+
+    Returns:
+        :class:`EffortFit`.
+
+    Raises:
+        ValueError: with fewer than ``2 * folds`` calibration queries.
+    """
+    if len(Q_rot) < 2 * folds:
+        raise ValueError(f"the effort model needs at least {2 * folds} calibration queries, got {len(Q_rot)}")
+    probes = ann.probe_candidates(params, curve, margin_share)
+    grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share)) | set(probes)))
+    tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes)
+    report, best = {}, None
+    for p, table in tables.items():
+        oof = _oof(table, folds, seed)
+        p50 = {f"{t:g}": calibrated_p50_work(table, oof, t, margin_rule, rule_share) for t in targets}
+        score = float(np.exp(np.mean(np.log(np.maximum(list(p50.values()), 1.0)))))
+        report[str(p)] = {"p50_work": {t: round(v, 1) for t, v in p50.items()}, "score": round(score, 1)}
+        if best is None or score < best[1]:
+            best = (p, score, oof)
+    p, _, oof = best
+    table = tables[p]
+    booster = _fit(recall_policy.design(table.features, table.z_grid), table.recall.reshape(-1),
+                   list(table.feature_names) + ["z"], seed)
+    return EffortFit(table, booster, oof, int(p), report)

@@ -288,6 +288,11 @@ class AnnEffortSection(_Section):
                                           "tuned effort.")
     measured: dict | None = Field(None, description="Per target: p50 ms and recall@10 of the one tuned effort and "
                                                     "of the per-query model, on the tuning queries.")
+    probe_choice: dict | None = Field(None, description="Per probe effort tried (the first of z_grid is the one "
+                                                        "chosen): the tuning queries' median multiply-adds at each "
+                                                        "target's calibrated bar and their geometric mean "
+                                                        "(trainer.recall_fit.fit_effort_model); None in versions "
+                                                        "built before the probe was chosen.")
 
 
 class AnnSection(_Section):

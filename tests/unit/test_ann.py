@@ -116,6 +116,21 @@ def test_the_models_grid_stops_at_twice_the_tuned_effort_of_the_highest_target()
     ivf = ann.default_params("ivf", 10_000)  # nlist 256, nprobe 1, 2, 3, 4, 5, 7, 9, ...
     assert ann.model_efforts(ivf, [{"effort": 300, "recall": 0.991}]) == ann.effort_grid(ivf)  # 2 x 300 > nlist
     assert ann.model_efforts(ivf, [{"effort": 4, "recall": 0.991}])[-1] == 9
+    assert ann.model_efforts(hnsw, curve, probe=32) == tuple(e for e in ann.HNSW_EF_GRID if 32 <= e <= 384)
+    with pytest.raises(ValueError, match="not on the grid"):
+        ann.model_efforts(hnsw, curve, probe=33)
+
+
+def test_probe_candidates_span_the_grid_up_to_the_lowest_targets_effort_for_hnsw_only():
+    hnsw = ann.default_params("hnsw", 10_000)
+    curve = [{"effort": 10, "recall": 0.7}, {"effort": 99, "recall": 0.951}, {"effort": 516, "recall": 0.99}]
+    got = ann.probe_candidates(hnsw, curve)  # 0.95 tuned at 99: grid efforts 10 .. 96, six of them
+    assert got[0] == ann.HNSW_EF_GRID[0] and got[-1] == 96 and len(got) == ann.PROBE_CANDIDATES
+    assert list(got) == sorted(set(got)) and set(got) <= set(ann.HNSW_EF_GRID)
+    assert ann.probe_candidates(hnsw, [{"effort": 12, "recall": 0.96}]) == (10, 12)
+    assert len(ann.probe_candidates(hnsw, [{"effort": 4096, "recall": 0.9}])) == ann.PROBE_CANDIDATES  # none tuned
+    ivf = ann.default_params("ivf", 10_000)
+    assert ann.probe_candidates(ivf, curve) == (1,)  # IVF resumes its probe: the cheapest only
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +278,46 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     # a k the model was not calibrated at: the target's one tuned effort
     r = Pipeline().search(v, [SearchSpec("q", k=20, width="auto", recall_target=0.95)], embeddings=Qe[:1])[0]
     assert r.trace["effort"] == a.effort(0.95)
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_effort_tables_per_probe_equal_the_served_continuation(corpus, kind):
+    """Every probe's table, reassembled from one search per effort (HNSW), is what continue_search serves."""
+    from trainer.recall_fit import effort_table, effort_tables
+
+    X, Qt, _ = corpus
+    p = ann.default_params(kind, len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    grid = ann.effort_grid(p)[:8]
+    probes = (grid[0], grid[2], grid[5])
+    tables = effort_tables(index, p, X, Qt[:40], k=10, efforts=grid, probes=probes)
+    assert set(tables) == set(probes)
+    for probe in probes:
+        alone = effort_table(index, p, X, Qt[:40], k=10, efforts=tuple(e for e in grid if e >= probe))
+        got = tables[probe]
+        assert got.z_grid.tolist() == alone.z_grid.tolist() and got.z_grid[0] == probe
+        np.testing.assert_array_equal(got.recall, alone.recall)
+        np.testing.assert_array_equal(got.coordinates, alone.coordinates)
+        np.testing.assert_array_equal(got.features, alone.features)
+    with pytest.raises(ValueError, match="not on the effort grid"):
+        effort_tables(index, p, X, Qt[:4], efforts=grid, probes=(grid[1] + 10_000,))
+
+
+def test_the_effort_model_probes_where_its_calibrated_median_work_is_lowest(corpus):
+    from trainer.recall_fit import fit_effort_model
+
+    X, Qt, _ = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    curve = ann.tune_effort(index, p, X, Qt)
+    fit = fit_effort_model(index, p, X, Qt, curve, k=10)
+    assert set(fit.probes) == {str(e) for e in ann.probe_candidates(p, curve)}
+    scores = {int(e): r["score"] for e, r in fit.probes.items()}
+    assert fit.probe == min(scores, key=scores.get) and fit.table.z_grid[0] == fit.probe
+    for r in fit.probes.values():  # the score is the geometric mean of the per-target medians
+        assert r["score"] == pytest.approx(np.exp(np.mean(np.log(list(r["p50_work"].values())))), rel=1e-3)
+    assert fit.oof.shape == fit.table.recall.shape
+    assert fit.booster.num_feature() == len(ann.EFFORT_FEATURES) + 1
 
 
 def test_the_model_serves_the_targets_the_build_measured_it_faster_at_and_their_neighbours(corpus):
