@@ -40,10 +40,10 @@ recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.
   (``--ours-ann``, default ``hnsw_fp16``, what ``--ann auto`` builds, M = 32; more kinds give ``ours_<kind>_*`` rows too) whose effort is tuned to exactly t (no margin) on the training
   queries; candidates rescored exactly at full width;
 * ``ours_recall_<t>``: the same version with the **per-query effort** model (:meth:`engine.stage1.AnnStage1.
-  per_query`): a probe search at the effort chosen on the training queries (:func:`engine.ann.probe_candidates`),
+  per_query`): a probe search at the effort its target chose on the training queries (:func:`engine.ann.probe_candidates`),
   LightGBM over its evidence (:data:`engine.ann.EFFORT_FEATURES`) predicting each effort's recall, the cheapest
   effort clearing a bar calibrated out of fold on the training queries for t plus one standard error of their
-  mean recall (:func:`trainer.recall_fit.fit_effort_model`).
+  mean recall (:func:`trainer.recall_fit.fit_effort_models`).
 
 With ``--methods all`` the ANN family's ``ours_*`` rows are what ``trainer build --ann auto`` keeps (whatever N:
 the run lowers ``ann_min_docs`` in effect): the ANN version above and the level scan of ``ours_recall_<t>`` are
@@ -91,7 +91,7 @@ from engine.plan import SearchSpec  # noqa: E402
 from engine.recall import RecallPolicy  # noqa: E402
 from engine.stage1 import AnnStage1  # noqa: E402
 from trainer.build import time_backends  # noqa: E402
-from trainer.recall_fit import calibration_report, fit_effort_model, fit_recall_policy, recall_table  # noqa: E402
+from trainer.recall_fit import calibration_report, fit_effort_models, fit_recall_policy, recall_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10
@@ -473,16 +473,19 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
         faiss.omp_set_num_threads(tn)
 
     t = time.perf_counter()
-    fit = fit_effort_model(index, params, X_rot, Q["train"], curve, k=K, truth=truth["train"], targets=ANN_TARGETS)
-    table = fit.table
-    effort_policy = RecallPolicy(fit.booster, table.feature_names, table.z_grid, "ann", fit.oof, table.recall, k=K)
+    fits = fit_effort_models(index, params, X_rot, Q["train"], curve, k=K, truth=truth["train"],
+                             targets=ANN_TARGETS)
+    by_target = {t: RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)
+                 for f in fits for t in f.targets}
+    probe_of = {t: f.probe for f in fits for t in f.targets}
     fit_s = time.perf_counter() - t
-    print(f"  per-query effort model fitted in {fit_s:.1f}s on {len(Q['train'])} training queries; probe "
-          f"{ann.EFFORT_NAME[ours_kind]} {fit.probe} (median work per probe: {fit.probes})", flush=True)
-    for margin, name, policy in ((0.0, prefix + "fixed_r", None), (0.25, prefix + "recall_", effort_policy)):
+    print(f"  per-query effort models fitted in {fit_s:.1f}s on {len(Q['train'])} training queries; probe "
+          f"{ann.EFFORT_NAME[ours_kind]} by target {probe_of} (median work per probe: {fits[0].probes})", flush=True)
+    for margin, name, policies in ((0.0, prefix + "fixed_r", None), (0.25, prefix + "recall_", by_target)):
         stage = AnnStage1(index, params, curve, margin_share=margin,
                           bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params),
-                          effort_policy=policy)
+                          target_policies=policies)
+        policy = stage.effort_policy
         version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
         for tgt in ANN_TARGETS:
             spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
@@ -492,7 +495,7 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
                 return res.rows, res.trace["coordinates_scored"]
 
             effort = stage.effort(tgt)
-            extra = {"bar": effort_policy.bar(tgt), "probe": fit.probe} if policy is not None else {}
+            extra = {"bar": stage.policy_for(tgt).bar(tgt), "probe": probe_of[tgt]} if policy is not None else {}
             out.append(Method(f"{name}{tgt:g}", run, mem, build_s + (fit_s if policy is not None else 0.0),
                               {"backend": ours_kind, **params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort,
                                "margin_share": margin, "served_exact": effort is None and policy is None,

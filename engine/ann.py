@@ -770,16 +770,17 @@ PROBE_CANDIDATES = 6
 
 
 def probe_candidates(params: AnnParams, curve: list[dict], margin_share: float = 0.0) -> tuple[int, ...]:
-    """The efforts a per-query effort model may probe at, increasing (the build picks one by the calibration
-    queries' median work, :func:`trainer.recall_fit.fit_effort_model`).
+    """The efforts a per-query effort model may probe at, increasing (the build picks one per target by the
+    calibration queries' median work, :func:`trainer.recall_fit.fit_effort_models`).
 
     HNSW: grid efforts from the cheapest up to the tuned effort of the lowest default target (:func:`effort_for`;
     the whole grid's first :data:`PROBE_CANDIDATES` when none is tuned), at most :data:`PROBE_CANDIDATES` of
     them spread evenly over the grid's positions.  HNSW cannot resume a search, so a query the probe does not
     settle pays the probe again on top of its continuation; a probe near the cheapest target's effort settles
-    more queries at the probe itself, which is what a p50 rewards.  On debdocs' 221,170 passages the build chose
-    efSearch 40 over 10: the median calibrated work at 0.95 fell 32 % and rose 19 % at 0.99, and the measured
-    per-query p50 at 0.95 went from 1.15x the fixed effort's (probe 10) to 0.93-0.97x (docs/SCALING.md).
+    more queries at the probe itself, which is what a p50 rewards.  On debdocs' 221,170 passages one probe for
+    both targets went from efSearch 10 to 40: the median calibrated work at 0.95 fell 32 % and rose 19 % at 0.99,
+    and the measured per-query p50 at 0.95 went from 1.15x the fixed effort's to 0.93-0.97x (docs/SCALING.md);
+    hence one probe per target.
     IVF resumes its probe (:func:`continue_search`), so the probe costs nothing twice: the grid's cheapest only.
     """
     grid = effort_grid(params)

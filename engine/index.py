@@ -131,11 +131,12 @@ class IndexVersion:
         return "levels" if self.levels is not None else "flat"
 
     def backend_report(self) -> dict:
-        """``{"backend", "bytes_per_document", "effort_name", "targets", "effort_per_query", "chosen_because"}``:
-        the stage-1 backend and its bytes per document by part (vectors, graph, ids, panorama, levels, float16,
-        documents, total; :func:`engine.ann.bytes_per_document`), an ANN's tuned effort per target and whether its
-        per-query effort model serves the target, and the build's reason for the backend (``--ann auto``: the
-        timings of the backends it measured), for ``/readyz``."""
+        """``{"backend", "bytes_per_document", "effort_name", "targets", "effort_per_query", "probe_effort",
+        "chosen_because"}``: the stage-1 backend and its bytes per document by part (vectors, graph, ids, panorama,
+        levels, float16, documents, total; :func:`engine.ann.bytes_per_document`), an ANN's tuned effort per
+        target, whether its per-query effort model serves the target and at which probe effort (None: it does
+        not), and the build's reason for the backend (``--ann auto``: the timings of the backends it measured), for
+        ``/readyz``."""
         N, D = max(self.size, 1), self.dimension
         b = getattr(self.manifest, "backend", None)
         why = {"chosen_because": b.reason if b is not None else None}
@@ -145,7 +146,8 @@ class IndexVersion:
             per = self.ann.bytes_per_document or ann_lib.bytes_per_document(self.ann.kind, N, D, self.ann.params)
             return {"backend": self.ann.kind, "bytes_per_document": per, "effort_name": self.ann.effort_name,
                     "targets": {str(t): self.ann.effort(t) for t in ann_lib.DEFAULT_TARGETS},
-                    "effort_per_query": {str(t): self.ann.uses_model(t) for t in ann_lib.DEFAULT_TARGETS}, **why}
+                    "effort_per_query": {str(t): self.ann.uses_model(t) for t in ann_lib.DEFAULT_TARGETS},
+                    "probe_effort": {str(t): self.ann.probe_effort(t) for t in ann_lib.DEFAULT_TARGETS}, **why}
         lv = self.levels
         per = ann_lib.bytes_per_document("flat", N, D, level_bytes_per_document=lv.nbytes / N if lv is not None else 0.0,
                                          fp16_width=lv.layout.fp16_width if lv is not None else 0)
@@ -214,16 +216,22 @@ class IndexVersion:
             got = files.read_ann(path, manifest)
             if got is not None:
                 a = manifest.ann
-                effort, targets = None, None
+                effort, targets, by_target = None, None, None
                 ef = files.read_ann_effort(path, manifest)
                 if ef is not None:
-                    s = ef.section
-                    effort = RecallPolicy(ef.booster, list(s.feature_names), np.asarray(s.z_grid, np.float64), "ann",
-                                          ef.calibration_pred, ef.calibration_recall, ef.calibration_coordinates,
-                                          k=s.k, margin_share=s.margin_share, margin_rule=s.margin_rule)
-                    targets = {float(t): float(t) in s.per_query_targets for t in (s.measured or {})}
+                    models = [ef] + files.read_more_ann_efforts(path, manifest)
+                    policies = [RecallPolicy(m.booster, list(m.section.feature_names),
+                                             np.asarray(m.section.z_grid, np.float64), "ann", m.calibration_pred,
+                                             m.calibration_recall, m.calibration_coordinates, k=m.section.k,
+                                             margin_share=m.section.margin_share, margin_rule=m.section.margin_rule)
+                              for m in models]
+                    effort = policies[0]
+                    targets = {float(t): float(t) in m.section.per_query_targets
+                               for m in models for t in (m.section.measured or {})}
+                    if len(models) > 1:  # one model per group of targets, each with its own probe
+                        by_target = {float(t): p for m, p in zip(models, policies) for t in m.section.targets}
                 version.ann = AnnStage1(got[0], got[1], a.curve, a.margin_share, a.bytes_per_document,
-                                        effort_policy=effort, model_targets=targets)
+                                        effort_policy=effort, model_targets=targets, target_policies=by_target)
         return version
 
     @classmethod

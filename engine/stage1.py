@@ -425,11 +425,15 @@ class AnnStage1:
         model_targets: target -> whether the per-query model serves it (the build timed both at these targets;
             a target in between follows the nearest one, the higher on a tie), or None: the model serves every
             target (benchmarks).
+        target_policies: target -> the per-query effort model fitted for it (each with a probe effort of its own,
+            :func:`trainer.recall_fit.fit_effort_models`; a target in between takes the nearest one's, the higher
+            on a tie), or None: ``effort_policy`` for every target.
     """
 
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
-                 effort_policy=None, model_targets: dict[float, bool] | None = None):
+                 effort_policy=None, model_targets: dict[float, bool] | None = None,
+                 target_policies: dict | None = None):
         self.index, self.params, self.kind = index, params, params.kind
         self.curve = [dict(p) for p in curve]
         self.margin_share = float(margin_share)
@@ -439,6 +443,21 @@ class AnnStage1:
         self._efforts: dict[float, int | None] = {}
         self.effort_policy = effort_policy
         self.model_targets = None if model_targets is None else {float(t): bool(u) for t, u in model_targets.items()}
+        self.target_policies = None if not target_policies else {float(t): p for t, p in target_policies.items()}
+        if self.effort_policy is None and self.target_policies:
+            self.effort_policy = self.target_policies[min(self.target_policies)]
+
+    def policy_for(self, target: float):
+        """The per-query effort model of ``target`` (see ``target_policies``), or None without one."""
+        if not self.target_policies:
+            return self.effort_policy
+        nearest = min(self.target_policies, key=lambda t: (abs(t - float(target)), -t))
+        return self.target_policies[nearest]
+
+    def probe_effort(self, target: float) -> int | None:
+        """The probe's effort (nprobe or efSearch) of ``target``'s per-query model, or None where no model serves
+        it (:meth:`uses_model`)."""
+        return int(self.policy_for(target).z_grid[0]) if self.uses_model(target) else None
 
     def uses_model(self, target: float) -> bool:
         """Whether the per-query effort model serves ``target`` (see ``model_targets``)."""
@@ -478,18 +497,20 @@ class AnnStage1:
     def per_query(self, query: np.ndarray, target: float, k: int,
                   allowed: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
         """The candidates of one rotated query ((D,) float32) at the effort the per-query model chooses for
-        ``target``: the probe at the model grid's first effort (the probe effort the build chose,
-        :func:`trainer.recall_fit.fit_effort_model`), then the cheapest effort whose predicted recall clears the
-        target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`), searched on from the probe
-        (:func:`engine.ann.continue_search`); when that is the probe's effort the probe's candidates are the
-        answer.  Returns (hits with the probe's work included, effort, probe's multiply-adds).  Where the model does not serve the target (:meth:`uses_model`), or at a
-        k it was not calibrated at, it is :meth:`search` at :meth:`effort`."""
-        if not self.uses_model(target) or int(k) != int(self.effort_policy.k):  # calibrated at its k only
+        ``target``: the probe at the first effort of the target's model's grid (:meth:`policy_for`: the probe
+        effort the build chose for it, :func:`trainer.recall_fit.fit_effort_models`), then the cheapest effort
+        whose predicted recall clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`),
+        searched on from the probe (:func:`engine.ann.continue_search`); when that is the probe's effort the
+        probe's candidates are the answer.  Returns (hits with the probe's work included, effort, probe's
+        multiply-adds).  Where the model does not serve the target (:meth:`uses_model`), or at a k it was not
+        calibrated at, it is :meth:`search` at :meth:`effort`."""
+        policy = self.policy_for(target)
+        if not self.uses_model(target) or int(k) != int(policy.k):  # calibrated at its k only
             effort = self.effort(target)
             return self.search(query, k, effort, allowed), int(effort), 0
-        grid = self.effort_policy.z_grid
+        grid = policy.z_grid
         ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed)
-        bound, z = self.effort_policy.choose(ev, float(target))
+        bound, z = policy.choose(ev, float(target))
         effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
         # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)
         return ann.continue_search(self.index, self.kind, query, k, ev, effort, allowed), effort, ev.work

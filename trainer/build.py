@@ -93,7 +93,7 @@ from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_rep
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
 from trainer.retention import check_build_disk, retention_after_build
-from trainer.recall_fit import calibration_report, concat_tables, fit_effort_model, fit_recall_policy, recall_table
+from trainer.recall_fit import calibration_report, concat_tables, fit_effort_models, fit_recall_policy, recall_table
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
@@ -607,45 +607,52 @@ def _ann(ctx: BuildContext) -> None:
 
 
 def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth: np.ndarray, source: str) -> None:
-    """The ANN's per-query effort model (LAET / DARTH style; :func:`trainer.recall_fit.fit_effort_model`,
-    :func:`engine.ann.probe`): its probe effort chosen among :func:`engine.ann.probe_candidates` by the tuning
-    queries' median work at the calibrated bars, fitted out of fold on the tuning queries, calibrated per target
-    like the level scan's recall policy (one standard error of the calibration mean on training queries, half
-    the miss budget on pseudo-queries), then timed through the served pipeline against the one tuned effort at each default
-    target on up to :data:`MEASURE_QUERIES` of them; it serves a target only where its p50 is at most
+    """The ANN's per-query effort models (LAET / DARTH style; :func:`trainer.recall_fit.fit_effort_models`,
+    :func:`engine.ann.probe`): per default target the probe effort among :func:`engine.ann.probe_candidates`
+    with the tuning queries' lowest median work at its calibrated bar (targets choosing the same probe share one
+    model), fitted out of fold on the tuning queries, calibrated per target like the level scan's recall policy
+    (one standard error of the calibration mean on training queries, half the miss budget on pseudo-queries),
+    then timed through the served pipeline against the one tuned effort at each default target on up to
+    :data:`MEASURE_QUERIES` of them; a model serves a target only where its p50 is at most
     :data:`EFFORT_MODEL_MAX_RATIO` of the tuned effort's (the probe costs a search of its own, so a per-query
     effort that saves work need not save time)."""
     a, opts = ctx.ann, ctx.opts
     margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if source == "train"
               else {"margin_rule": "share", "margin_share": 0.5})
-    fit = fit_effort_model(a["index"], a["params"], ctx.X_rot, Q_rot, a["curve"], k=10, truth=truth,
-                           margin_share=a["section"]["margin_share"], margin_rule=margin["margin_rule"],
-                           rule_share=margin["margin_share"], seed=opts.seed)
-    table, booster, oof = fit.table, fit.booster, fit.oof
-    policy = RecallPolicy(booster, list(table.feature_names), np.asarray(table.z_grid, np.float64), "ann", oof,
-                          table.recall, table.coordinates, k=10, **margin)
+    fits = fit_effort_models(a["index"], a["params"], ctx.X_rot, Q_rot, a["curve"], k=10, truth=truth,
+                             margin_share=a["section"]["margin_share"], margin_rule=margin["margin_rule"],
+                             rule_share=margin["margin_share"], seed=opts.seed)
+    policies = [RecallPolicy(f.booster, list(f.table.feature_names), np.asarray(f.table.z_grid, np.float64), "ann",
+                             f.oof, f.table.recall, f.table.coordinates, k=10, **margin) for f in fits]
+    by_target = {t: p for f, p in zip(fits, policies) for t in f.targets} if len(fits) > 1 else None
     rng = np.random.default_rng(opts.seed + 11)
     Qm = Q if len(Q) <= MEASURE_QUERIES else Q[np.sort(rng.choice(len(Q), MEASURE_QUERIES, replace=False))]
     stages = {"fixed": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"]),
               "per_query": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"],
-                                     effort_policy=policy)}
+                                     effort_policy=policies[0], target_policies=by_target)}
     versions = {n: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=s) for n, s in stages.items()}
     measured, chosen = {}, []
     for t in ann.DEFAULT_TARGETS:
-        if stages["fixed"].exact_because(t, None) is not None or policy.bar(t) is None:
+        if stages["fixed"].exact_because(t, None) is not None or stages["per_query"].policy_for(t).bar(t) is None:
             continue  # served exactly (or the model cannot meet it): nothing to choose
         m = time_backends(versions, ctx.X_rot, np.ascontiguousarray(Qm, np.float32), t)
         measured[f"{t:g}"] = {n: {k: round(v, 4) for k, v in got.items()} for n, got in m.items()}
         if m["per_query"]["p50_ms"] <= EFFORT_MODEL_MAX_RATIO * m["fixed"]["p50_ms"]:
             chosen.append(float(t))
-    a["effort_model"] = {"booster": booster, "oof": oof, "recall": table.recall, "coordinates": table.coordinates,
-                         "policy": policy,
-                         "section": {"feature_names": list(table.feature_names),
-                                     "z_grid": [float(z) for z in table.z_grid], "k": 10, **margin,
-                                     "probe_choice": fit.probes,
-                                     "calibration_source": source, "per_query_targets": chosen,
-                                     "measured": measured}}
-    log.info("ann per-query effort model: serves targets %s (measured %s)", chosen, measured)
+    models = []
+    for f, policy in zip(fits, policies):
+        mine = {f"{t:g}" for t in f.targets}
+        models.append({"booster": f.booster, "oof": f.oof, "recall": f.table.recall,
+                       "coordinates": f.table.coordinates, "policy": policy,
+                       "section": {"feature_names": list(f.table.feature_names),
+                                   "z_grid": [float(z) for z in f.table.z_grid], "k": 10, **margin,
+                                   "probe_choice": f.probes, "targets": list(f.targets) if len(fits) > 1 else [],
+                                   "calibration_source": source,
+                                   "per_query_targets": [t for t in chosen if f"{t:g}" in mine],
+                                   "measured": {t: v for t, v in measured.items() if t in mine}}})
+    a["effort_model"] = models
+    log.info("ann per-query effort models: probes %s, serve targets %s (measured %s)",
+             {f.probe: f.targets for f in fits}, chosen, measured)
 
 
 EFFORT_MODEL_MAX_RATIO = 0.95
@@ -655,11 +662,13 @@ effort's (below it the difference is within run-to-run noise: the tuned effort s
 
 def ann_stage(a: dict) -> AnnStage1:
     """The served ANN first stage of a build's ``ctx.ann`` (with its per-query effort model where it has one)."""
-    e = a.get("effort_model")
+    models = a.get("effort_model") or []
     return AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"],
-                     a["section"]["bytes_per_document"], effort_policy=e["policy"] if e else None,
-                     model_targets={t: t in e["section"]["per_query_targets"]
-                                    for t in map(float, e["section"]["measured"])} if e else None)
+                     a["section"]["bytes_per_document"], effort_policy=models[0]["policy"] if models else None,
+                     model_targets={t: t in e["section"]["per_query_targets"] for e in models
+                                    for t in map(float, e["section"]["measured"])} if models else None,
+                     target_policies={t: e["policy"] for e in models for t in e["section"]["targets"]}
+                     if len(models) > 1 else None)
 
 
 def _levels_and_recall(ctx: BuildContext) -> None:
@@ -997,10 +1006,11 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
         writers.update(recall_writers)
     ann_section = None
     if ctx.ann is not None:
-        e = ctx.ann.get("effort_model")
+        models = ctx.ann.get("effort_model")
         ann_writers, ann_section = files.ann_files(ctx.ann["index"], ctx.ann["params"], ctx.ann["curve"],
-                                                   effort_model={k: v for k, v in e.items() if k != "policy"}
-                                                   if e else None, **ctx.ann["section"])
+                                                   effort_model=[{k: v for k, v in e.items() if k != "policy"}
+                                                                 for e in models] if models else None,
+                                                   **ctx.ann["section"])
         writers.update(ann_writers)
     backend_section = None
     if ctx.backend is not None:

@@ -219,21 +219,24 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
 
 @dataclass
 class EffortFit:
-    """The per-query effort model a build serves (:func:`fit_effort_model`).
+    """One per-query effort model a build serves (:func:`fit_effort_models`).
 
     Attributes:
-        table: the calibration table of the chosen probe (its ``z_grid`` starts at the probe's effort).
+        table: the calibration table of its probe (its ``z_grid`` starts at the probe's effort).
         booster: LightGBM over ``table.feature_names + ["z"]``; oof: (Q, E) its out-of-fold predictions.
-        probe: the chosen probe's effort (nprobe or efSearch).
-        probes: per probe effort tried (str), ``{"p50_work": {target: median multiply-adds}, "score": their
-            geometric mean}`` of the calibration queries' choices at each target's calibrated bar (lower is
-            cheaper): the figures the choice was made on.
+        probe: its probe's effort (nprobe or efSearch).
+        targets: the recall targets it serves, increasing (those whose calibrated median work was lowest at its
+            probe).
+        probes: per probe effort tried (str), ``{"p50_work": {target: median multiply-adds}}`` of the calibration
+            queries' choices at each target's calibrated bar (lower is cheaper): the figures the choice was made
+            on (the same dict in every model of one fit).
     """
 
     table: RecallTable
     booster: lgb.Booster
     oof: np.ndarray
     probe: int
+    targets: tuple[float, ...]
     probes: dict
 
 
@@ -264,42 +267,51 @@ def calibrated_p50_work(table: RecallTable, oof: np.ndarray, target: float, marg
     return float(np.median(np.asarray(table.coordinates, np.float64)[np.arange(len(oof)), pick]))
 
 
-def fit_effort_model(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve: list[dict], *, k: int = 10,
-                     truth: np.ndarray | None = None, margin_share: float = 0.0,
-                     targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
-                     rule_share: float = 0.25, folds: int = 4, seed: int = 0) -> EffortFit:
-    """The per-query effort model with its probe effort chosen on the calibration queries (issue 19).
+def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve: list[dict], *, k: int = 10,
+                      truth: np.ndarray | None = None, margin_share: float = 0.0,
+                      targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
+                      rule_share: float = 0.25, folds: int = 4, seed: int = 0) -> list[EffortFit]:
+    """The per-query effort models, each with the probe effort its targets chose on the calibration queries
+    (issue 19).
 
     For every probe of :func:`engine.ann.probe_candidates` (``curve``: the tuned effort curve,
     :func:`engine.ann.tune_effort`; ``margin_share``: the share the fixed efforts are served at), the table over
     :func:`engine.ann.model_efforts` from that probe (:func:`effort_tables`), its out-of-fold predictions, and
     per target the median work of the calibrated choices (:func:`calibrated_p50_work` under ``margin_rule`` /
-    ``rule_share``).  The probe with the lowest geometric mean of those medians over ``targets`` is chosen and
-    its model refitted on all queries.  A median because the issue's target is a p50; work (distance
+    ``rule_share``).  Each target takes the probe where that median is lowest; targets taking the same probe
+    share one model, refitted on all queries.  A median because the issue's target is a p50; work (distance
     computations x D) because it is what one thread's latency follows and it does not move with a shared
-    machine's load.
+    machine's load.  Per target because the best probe moves with it: HNSW cannot resume a search, so a probe
+    near a low target's effort settles most of its queries, while a high target's queries mostly search again
+    and pay the probe twice (debdocs' 221,170 passages, one model: efSearch 40 had the lowest
+    geometric mean, but its median work at 0.99 was 19 % above probe 10's, docs/SCALING.md).
 
     Returns:
-        :class:`EffortFit`.
+        The models, by their lowest target (each target of ``targets`` in exactly one).
 
     Raises:
-        ValueError: with fewer than ``2 * folds`` calibration queries.
+        ValueError: with fewer than ``2 * folds`` calibration queries, or no target.
     """
     if len(Q_rot) < 2 * folds:
         raise ValueError(f"the effort model needs at least {2 * folds} calibration queries, got {len(Q_rot)}")
+    if not targets:
+        raise ValueError("the effort model needs at least one recall target")
     probes = ann.probe_candidates(params, curve, margin_share)
     grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share)) | set(probes)))
     tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes)
-    report, best = {}, None
+    report, oofs = {}, {}
     for p, table in tables.items():
-        oof = _oof(table, folds, seed)
-        p50 = {f"{t:g}": calibrated_p50_work(table, oof, t, margin_rule, rule_share) for t in targets}
-        score = float(np.exp(np.mean(np.log(np.maximum(list(p50.values()), 1.0)))))
-        report[str(p)] = {"p50_work": {t: round(v, 1) for t, v in p50.items()}, "score": round(score, 1)}
-        if best is None or score < best[1]:
-            best = (p, score, oof)
-    p, _, oof = best
-    table = tables[p]
-    booster = _fit(recall_policy.design(table.features, table.z_grid), table.recall.reshape(-1),
-                   list(table.feature_names) + ["z"], seed)
-    return EffortFit(table, booster, oof, int(p), report)
+        oofs[p] = _oof(table, folds, seed)
+        report[str(p)] = {"p50_work": {f"{t:g}": round(calibrated_p50_work(table, oofs[p], t, margin_rule,
+                                                                           rule_share), 1) for t in targets}}
+    chosen: dict[int, list[float]] = {}
+    for t in sorted(float(t) for t in targets):  # the cheapest probe on a tie
+        p = min(tables, key=lambda e: (report[str(e)]["p50_work"][f"{t:g}"], e))
+        chosen.setdefault(p, []).append(t)
+    fits = []
+    for p, ts in chosen.items():
+        table = tables[p]
+        booster = _fit(recall_policy.design(table.features, table.z_grid), table.recall.reshape(-1),
+                       list(table.feature_names) + ["z"], seed)
+        fits.append(EffortFit(table, booster, oofs[p], int(p), tuple(ts), report))
+    return sorted(fits, key=lambda f: f.targets[0])

@@ -401,7 +401,14 @@ ANN_EFFORT_FILE = "ann_effort.txt"
 ANN_EFFORT_CALIBRATION_FILE = "ann_effort_calibration.npy"
 
 
-def ann_files(index, params: ann.AnnParams, curve: list[dict], effort_model: dict | None = None,
+def _effort_files(i: int) -> tuple[str, str]:
+    """The model and calibration files of a version's ``i``-th per-query effort model (0: the first)."""
+    if i == 0:
+        return ANN_EFFORT_FILE, ANN_EFFORT_CALIBRATION_FILE
+    return f"ann_effort_{i}.txt", f"ann_effort_calibration_{i}.npy"
+
+
+def ann_files(index, params: ann.AnnParams, curve: list[dict], effort_model: dict | list[dict] | None = None,
               **section) -> tuple[Files, AnnSection]:
     """Writer of an ANN index (``ann.faiss``, faiss's own format) and its section.
 
@@ -410,7 +417,8 @@ def ann_files(index, params: ann.AnnParams, curve: list[dict], effort_model: dic
         params: its parameters.
         curve: its tuning curve (:func:`engine.ann.tune_effort`).
         effort_model: the per-query effort model, ``{"booster", "oof" (Q, E), "recall" (Q, E), "coordinates" (Q, E),
-            "section": the other :class:`AnnEffortSection` fields}``, or None.
+            "section": the other :class:`AnnEffortSection` fields}``, a list of them (one per probe effort, the
+            lowest targets' first: ``effort_model``, the rest ``more_effort_models``), or None.
         section: the other :class:`AnnSection` fields (targets, margin_share, tuning_source, tuning_queries,
             bytes_per_document, reports).
     """
@@ -420,14 +428,18 @@ def ann_files(index, params: ann.AnnParams, curve: list[dict], effort_model: dic
                      else "inner product", file=ANN_FILE, params=params.as_dict(),
                      effort_name=ann.EFFORT_NAME[params.kind], curve=curve, size_bytes=size, **section)
     writers = {ANN_FILE: lambda p: faiss.write_index(index, str(p))}
-    if effort_model is not None:
-        e = effort_model
+    models = [] if effort_model is None else [effort_model] if isinstance(effort_model, dict) else list(effort_model)
+    for i, e in enumerate(models):
         cal = np.stack([np.asarray(e[n], np.float64) for n in ("oof", "recall", "coordinates")])
-        booster = e["booster"]
-        sec.effort_model = AnnEffortSection(file=ANN_EFFORT_FILE, calibration_file=ANN_EFFORT_CALIBRATION_FILE,
-                                            calibration_queries=int(cal.shape[1]), **e["section"])
-        writers[ANN_EFFORT_FILE] = lambda p: booster.save_model(str(p))
-        writers[ANN_EFFORT_CALIBRATION_FILE] = _npy_writer(cal)
+        model_file, cal_file = _effort_files(i)
+        es = AnnEffortSection(file=model_file, calibration_file=cal_file, calibration_queries=int(cal.shape[1]),
+                              **e["section"])
+        if i == 0:
+            sec.effort_model = es
+        else:
+            sec.more_effort_models.append(es)
+        writers[model_file] = lambda p, booster=e["booster"]: booster.save_model(str(p))
+        writers[cal_file] = _npy_writer(cal)
     return writers, sec
 
 
@@ -441,6 +453,12 @@ def read_ann_effort(path: Path, m: Manifest) -> RecallPolicyFile | None:
     """
     sec = m.ann.effort_model if m.ann is not None else None
     return None if sec is None else _policy_file(path, sec, (3,))
+
+
+def read_more_ann_efforts(path: Path, m: Manifest) -> list[RecallPolicyFile]:
+    """The ANN first stage's further per-query effort models (``more_effort_models``: other targets, other probe
+    efforts), checked as :func:`read_ann_effort`; empty without any."""
+    return [] if m.ann is None else [_policy_file(path, sec, (3,)) for sec in m.ann.more_effort_models]
 
 
 def read_ann(path: Path, m: Manifest):

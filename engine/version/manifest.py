@@ -290,9 +290,14 @@ class AnnEffortSection(_Section):
                                                     "of the per-query model, on the tuning queries.")
     probe_choice: dict | None = Field(None, description="Per probe effort tried (the first of z_grid is the one "
                                                         "chosen): the tuning queries' median multiply-adds at each "
-                                                        "target's calibrated bar and their geometric mean "
-                                                        "(trainer.recall_fit.fit_effort_model); None in versions "
-                                                        "built before the probe was chosen.")
+                                                        "target's calibrated bar (trainer.recall_fit."
+                                                        "fit_effort_models; versions built before 2026-12-05 also "
+                                                        "hold their geometric mean, the one probe's score); None "
+                                                        "in versions built before the probe was chosen.")
+    targets: list[float] = Field(default_factory=list,
+                                 description="The default recall targets whose lowest median work was at this "
+                                             "model's probe: it serves them and the targets nearest them (empty: "
+                                             "every target, the version's only model).")
 
 
 class AnnSection(_Section):
@@ -314,7 +319,11 @@ class AnnSection(_Section):
     bytes_per_document: dict[str, float] = Field(default_factory=dict)
     size_bytes: int = Field(0, ge=0, description="Bytes of the index file.")
     effort_model: AnnEffortSection | None = Field(None, description="The per-query effort model (None: one tuned "
-                                                                    "effort per target).")
+                                                                    "effort per target); with further models, the "
+                                                                    "one of the lowest targets.")
+    more_effort_models: list[AnnEffortSection] = Field(
+        default_factory=list, description="Per-query effort models of further targets, each with a probe effort "
+                                          "of its own (its targets chose it: trainer.recall_fit.fit_effort_models).")
 
 
 class BackendSection(_Section):

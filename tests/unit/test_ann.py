@@ -303,21 +303,101 @@ def test_effort_tables_per_probe_equal_the_served_continuation(corpus, kind):
         effort_tables(index, p, X, Qt[:4], efforts=grid, probes=(grid[1] + 10_000,))
 
 
-def test_the_effort_model_probes_where_its_calibrated_median_work_is_lowest(corpus):
-    from trainer.recall_fit import fit_effort_model
+def test_each_target_probes_where_its_calibrated_median_work_is_lowest(corpus):
+    from trainer.recall_fit import calibrated_p50_work, effort_tables, fit_effort_models
 
     X, Qt, _ = corpus
     p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
     index = ann.build_index(X, p)
     curve = ann.tune_effort(index, p, X, Qt)
-    fit = fit_effort_model(index, p, X, Qt, curve, k=10)
-    assert set(fit.probes) == {str(e) for e in ann.probe_candidates(p, curve)}
-    scores = {int(e): r["score"] for e, r in fit.probes.items()}
-    assert fit.probe == min(scores, key=scores.get) and fit.table.z_grid[0] == fit.probe
-    for r in fit.probes.values():  # the score is the geometric mean of the per-target medians
-        assert r["score"] == pytest.approx(np.exp(np.mean(np.log(list(r["p50_work"].values())))), rel=1e-3)
-    assert fit.oof.shape == fit.table.recall.shape
-    assert fit.booster.num_feature() == len(ann.EFFORT_FEATURES) + 1
+    targets = (0.9, 0.95, 0.99)
+    fits = fit_effort_models(index, p, X, Qt, curve, k=10, targets=targets)
+    report = fits[0].probes
+    assert set(report) == {str(e) for e in ann.probe_candidates(p, curve)}
+    assert sorted(t for f in fits for t in f.targets) == list(targets)  # every target in exactly one model
+    assert len({f.probe for f in fits}) == len(fits)  # one model per probe
+    assert [f.targets[0] for f in fits] == sorted(f.targets[0] for f in fits)
+    for f in fits:
+        assert f.table.z_grid[0] == f.probe and f.oof.shape == f.table.recall.shape
+        assert f.booster.num_feature() == len(ann.EFFORT_FEATURES) + 1
+        for t in f.targets:  # the probe with the lowest calibrated median work at the target
+            work = {int(e): r["p50_work"][f"{t:g}"] for e, r in report.items()}
+            assert work[f.probe] == min(work.values())
+    # the report's figures are calibrated_p50_work on the probe's own table (as served from that probe)
+    probes = tuple(int(e) for e in report)
+    grid = tuple(sorted(set(ann.model_efforts(p, curve)) | set(probes)))
+    table = effort_tables(index, p, X, Qt, k=10, efforts=grid, probes=probes)[fits[0].probe]
+    assert calibrated_p50_work(table, fits[0].oof, fits[0].targets[0]) == pytest.approx(
+        report[str(fits[0].probe)]["p50_work"][f"{fits[0].targets[0]:g}"], abs=0.1)
+    with pytest.raises(ValueError, match="at least one recall target"):
+        fit_effort_models(index, p, X, Qt, curve, targets=())
+
+
+def test_each_target_is_served_by_its_own_models_probe(corpus):
+    """Two models with different probes: a request takes the nearest target's model, and its probe is the one
+    searched first."""
+    from trainer.recall_fit import effort_tables, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    curve = ann.tune_effort(index, p, X, Qt)
+    grid = ann.effort_grid(p)[:10]
+    tables = effort_tables(index, p, X, Qt, k=10, efforts=grid, probes=(grid[0], grid[3]))
+    pol = {}
+    for probe, table in tables.items():
+        booster, oof = fit_recall_policy(table)
+        pol[probe] = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    a = AnnStage1(index, p, curve, target_policies={0.95: pol[grid[3]], 0.99: pol[grid[0]]})
+    assert a.effort_policy is pol[grid[3]]  # the lowest target's model stands for the version's model
+    assert [a.probe_effort(t) for t in (0.9, 0.95, 0.969, 0.97, 0.99)] == [grid[3]] * 3 + [grid[0]] * 2
+    for target, probe in ((0.95, grid[3]), (0.99, grid[0])):
+        hits, effort, probe_work = a.per_query(Qe[0], target, 10)
+        assert effort >= probe and probe_work == ann.probe(index, "hnsw", Qe[0], 10, probe).work
+    assert AnnStage1(index, p, curve).probe_effort(0.95) is None
+
+
+def test_a_version_keeps_every_targets_model_and_loads_each_with_its_probe(corpus, tmp_path):
+    """Two effort models written by the version's writers (manifest, checksummed files) load back as they were
+    fitted: each target's model, its probe, which targets the model serves."""
+    from engine.version import files, store
+    from trainer.recall_fit import effort_tables, fit_recall_policy
+
+    X, Qt, Qe = corpus
+    N, D = X.shape
+    p = ann.default_params("hnsw", N, M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    curve = ann.tune_effort(index, p, X, Qt)
+    grid = ann.effort_grid(p)[:10]
+    tables = effort_tables(index, p, X, Qt, k=10, efforts=grid, probes=(grid[0], grid[3]))
+    models = []
+    for probe, target in ((grid[3], 0.95), (grid[0], 0.99)):
+        t = tables[probe]
+        booster, oof = fit_recall_policy(t)
+        models.append({"booster": booster, "oof": oof, "recall": t.recall, "coordinates": t.coordinates,
+                       "section": {"feature_names": list(t.feature_names), "z_grid": [float(z) for z in t.z_grid],
+                                   "targets": [target], "per_query_targets": [target],
+                                   "measured": {f"{target:g}": {}}}})
+    writers, core, stage1 = files.dense_files(np.eye(D), X, [f"d{i}" for i in range(N)], 16)
+    ann_writers, section = files.ann_files(index, p, curve, effort_model=models,
+                                           targets={"0.95": ann.effort_for(curve, 0.95)})
+    writers.update(ann_writers)
+    assert section.effort_model.targets == [0.95] and [m.targets for m in section.more_effort_models] == [[0.99]]
+    manifest = {"collection": "c", "encoder": {"onnx_sha256": "abc", "max_tokens": 256}, "dimension": D, "m0": 16,
+                "shortlist": 50, "core": core, "stage1": stage1, "corpus": {"documents": N}, "ann": section}
+    path = store.write_version(tmp_path / "c", "v1", writers, manifest)
+    v = IndexVersion.load(path)
+    m = v.manifest.ann
+    assert {m.effort_model.file, m.more_effort_models[0].file} == {"ann_effort.txt", "ann_effort_1.txt"}
+    assert {"ann_effort_calibration.npy", "ann_effort_calibration_1.npy"} <= set(v.manifest.files)
+    assert v.backend_report()["probe_effort"] == {"0.95": grid[3], "0.99": grid[0]}
+    for target, probe, t in ((0.95, grid[3], tables[grid[3]]), (0.99, grid[0], tables[grid[0]])):
+        pol = v.ann.policy_for(target)
+        assert int(pol.z_grid[0]) == probe
+        np.testing.assert_array_equal(pol.calibration_recall, t.recall)
+        _, effort, probe_work = v.ann.per_query(np.ascontiguousarray(Qe[0] @ v.rotation.T, np.float32), target, 10)
+        assert effort >= probe and probe_work == ann.probe(index, "hnsw", Qe[0], 10, probe).work
 
 
 def test_the_model_serves_the_targets_the_build_measured_it_faster_at_and_their_neighbours(corpus):
