@@ -1,4 +1,5 @@
-"""The per-query ANN effort model's cap (:data:`engine.ann.MODEL_EFFORT_CAP`) against its p50 and p95 work (issue 19).
+"""The per-query ANN effort model's cap against its p50 and p95 work (issue 19): ``cap=`` of
+:func:`trainer.recall_fit.fit_effort_models`, default :data:`engine.ann.MODEL_EFFORT_CAP`.
 
 The model chooses among efforts from its probe up to the first grid effort at least ``cap`` x the tuned effort of
 0.99 (:func:`engine.ann.model_efforts`).  A lower cap bounds what the hardest queries cost (the p95), and makes
@@ -57,12 +58,7 @@ def fixed_rows(index, params, Q: np.ndarray, truth: np.ndarray, curve: list[dict
 
 def cap_rows(index, params, X, QT, tt, QE, te, curve, cap: float) -> list[dict]:
     """The served per-query choices on the test queries under one cap (see the module docstring)."""
-    saved = ann.MODEL_EFFORT_CAP
-    ann.MODEL_EFFORT_CAP = cap  # model_efforts reads it at each call
-    try:
-        fits = fit_effort_models(index, params, X, QT, curve, k=K, truth=tt, targets=ANN_TARGETS)
-    finally:
-        ann.MODEL_EFFORT_CAP = saved
+    fits = fit_effort_models(index, params, X, QT, curve, k=K, truth=tt, targets=ANN_TARGETS, cap=cap)
     rows = []
     for f in fits:
         policy = RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)

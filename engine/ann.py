@@ -742,17 +742,19 @@ the tuned effort of the highest :data:`DEFAULT_TARGETS` (:func:`model_efforts`).
 
 
 def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.0,
-                  probe: int | None = None) -> tuple[int, ...]:
+                  probe: int | None = None, cap: float = MODEL_EFFORT_CAP) -> tuple[int, ...]:
     """The efforts the per-query effort model chooses among: :func:`effort_grid` from ``probe`` (the probe's
     effort, the grid's cheapest by default; :func:`probe_candidates`) up to the first effort at least
-    :data:`MODEL_EFFORT_CAP` x the tuned effort (:func:`effort_for` on ``curve`` at ``margin_share``) of the
-    highest default target; the whole grid when no tuned effort reaches it.
+    ``cap`` (default :data:`MODEL_EFFORT_CAP`) x the tuned effort (:func:`effort_for` on ``curve`` at
+    ``margin_share``) of the highest default target; the whole grid when no tuned effort reaches it.
 
     Why a cap: uncapped, the model sent 15 % of debdocs' queries to the grid's top at 0.99 (efSearch 4096, 16 x
     the tuned 256), and they set the p95 and the mean.  Capped at 2 x (efSearch 512), the 1,000 test queries
     realised recall@10 0.9936 at 0.78 x the tuned effort's p50 (debdocs' first 50,000 passages, commit e310bfc's
     ``bench/results/scale/summary.md``, ``ours_hnsw_recall_0.99``).
     """
+    if not cap > 0:
+        raise ValueError(f"the effort cap must be positive, got {cap}")
     grid = effort_grid(params)
     if probe is not None:
         if int(probe) not in grid:
@@ -761,8 +763,8 @@ def model_efforts(params: AnnParams, curve: list[dict], margin_share: float = 0.
     top = effort_for(curve, max(DEFAULT_TARGETS), margin_share)
     if top is None:
         return grid
-    cap = MODEL_EFFORT_CAP * top
-    return tuple(e for e in grid if e < cap) + tuple(e for e in grid if e >= cap)[:1]
+    stop = cap * top
+    return tuple(e for e in grid if e < stop) + tuple(e for e in grid if e >= stop)[:1]
 
 
 PROBE_CANDIDATES = 6

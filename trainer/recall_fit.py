@@ -270,13 +270,15 @@ def calibrated_p50_work(table: RecallTable, oof: np.ndarray, target: float, marg
 def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve: list[dict], *, k: int = 10,
                       truth: np.ndarray | None = None, margin_share: float = 0.0,
                       targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
-                      rule_share: float = 0.25, folds: int = 4, seed: int = 0) -> list[EffortFit]:
+                      rule_share: float = 0.25, folds: int = 4, seed: int = 0,
+                      cap: float = ann.MODEL_EFFORT_CAP) -> list[EffortFit]:
     """The per-query effort models, each with the probe effort its targets chose on the calibration queries
     (issue 19).
 
     For every probe of :func:`engine.ann.probe_candidates` (``curve``: the tuned effort curve,
     :func:`engine.ann.tune_effort`; ``margin_share``: the share the fixed efforts are served at), the table over
-    :func:`engine.ann.model_efforts` from that probe (:func:`effort_tables`), its out-of-fold predictions, and
+    :func:`engine.ann.model_efforts` from that probe up to ``cap`` x the highest target's tuned effort
+    (:func:`effort_tables`), its out-of-fold predictions, and
     per target the median work of the calibrated choices (:func:`calibrated_p50_work` under ``margin_rule`` /
     ``rule_share``).  Each target takes the probe where that median is lowest; targets taking the same probe
     share one model, refitted on all queries.  A median because the issue's target is a p50; work (distance
@@ -290,14 +292,14 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
         The models, by their lowest target (each target of ``targets`` in exactly one).
 
     Raises:
-        ValueError: with fewer than ``2 * folds`` calibration queries, or no target.
+        ValueError: with fewer than ``2 * folds`` calibration queries, no target, or a ``cap`` not above 0.
     """
     if len(Q_rot) < 2 * folds:
         raise ValueError(f"the effort model needs at least {2 * folds} calibration queries, got {len(Q_rot)}")
     if not targets:
         raise ValueError("the effort model needs at least one recall target")
     probes = ann.probe_candidates(params, curve, margin_share)
-    grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share)) | set(probes)))
+    grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share, cap=cap)) | set(probes)))
     tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes)
     report, oofs = {}, {}
     for p, table in tables.items():

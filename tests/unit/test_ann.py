@@ -119,6 +119,11 @@ def test_the_models_grid_stops_at_twice_the_tuned_effort_of_the_highest_target()
     assert ann.model_efforts(hnsw, curve, probe=32) == tuple(e for e in ann.HNSW_EF_GRID if 32 <= e <= 384)
     with pytest.raises(ValueError, match="not on the grid"):
         ann.model_efforts(hnsw, curve, probe=33)
+    lower = ann.model_efforts(hnsw, curve, cap=1.25)  # 1.25 x 192 = 240: the grid's first effort >= 240 ends it
+    assert lower == tuple(e for e in ann.HNSW_EF_GRID if e < 240) + tuple(e for e in ann.HNSW_EF_GRID if e >= 240)[:1]
+    assert len(lower) < len(grid)
+    with pytest.raises(ValueError, match="cap must be positive"):
+        ann.model_efforts(hnsw, curve, cap=0)
 
 
 def test_probe_candidates_span_the_grid_up_to_the_lowest_targets_effort_for_hnsw_only():
