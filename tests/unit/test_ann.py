@@ -285,6 +285,48 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     assert r.trace["effort"] == a.effort(0.95)
 
 
+def test_merging_a_probe_into_its_continuation_ranks_the_union_with_or_without_the_shortcut():
+    """merge_with_probe skips the concatenation when the continuation already holds every probe candidate; both
+    ways give the best k of the union, a row found twice counted once, ties by the lower row."""
+    ev = ann.AnnEvidence(np.zeros(len(ann.EFFORT_FEATURES)), np.array([4, 9, 2], np.int64),
+                         np.array([0.9, 0.8, 0.7]), work=30, effort=10)
+    covered = ann.AnnHits(np.array([4, 7, 9, 2], np.int64), 50, scores=np.array([0.9, 0.85, 0.8, 0.7], np.float32))
+    got = ann.merge_with_probe(ev, covered, 3)
+    assert got.rows.tolist() == [4, 7, 9] and got.work == 80
+    missed = ann.AnnHits(np.array([7, 4, 1], np.int64), 50, scores=np.array([0.85, 0.9, 0.8], np.float32))
+    got = ann.merge_with_probe(ev, missed, 4)  # 9 only in the probe, tied with 1 at 0.8: the lower row first
+    assert got.rows.tolist() == [4, 7, 1, 9] and got.work == 80
+    np.testing.assert_allclose(got.scores, [0.9, 0.85, 0.8, 0.8], rtol=1e-6)
+
+
+def test_the_effort_models_rows_are_the_evidence_beside_each_effort_in_any_feature_order(corpus):
+    """RecallPolicy._rows: the evidence in the model's own order goes in as it is; another order (or a feature
+    the evidence lacks, NaN) is gathered by name; both give the same prediction."""
+    from trainer.recall_fit import effort_table, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    table = effort_table(index, p, X, Qt, k=10)
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    ev = ann.probe(index, "hnsw", Qe[0], 10, 10)
+    rows = policy._rows(ev)
+    assert rows.shape == (len(table.z_grid), len(ann.EFFORT_FEATURES) + 1)
+    np.testing.assert_array_equal(rows[:, :-1], np.broadcast_to(ev.vector, rows[:, :-1].shape))
+    np.testing.assert_array_equal(rows[:, -1], table.z_grid)
+
+    class Reordered:  # the same evidence, its features reversed and the last one missing
+        def features(self, k):
+            return {n: v for n, v in reversed(list(ev.values.items())[:-1])}
+
+    other = policy._rows(Reordered())
+    np.testing.assert_array_equal(other[:, :-2], rows[:, :-2])
+    assert np.isnan(other[:, -2]).all()
+    np.testing.assert_array_equal(policy.predict(ev), policy.forest.predict(rows))
+
+
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])
 def test_effort_tables_per_probe_equal_the_served_continuation(corpus, kind):
     """Every probe's table, reassembled from one search per effort (HNSW), is what continue_search serves."""
