@@ -398,13 +398,19 @@ ANN_BASELINES = tuple(p[0] for p in ANN_PLAIN)
 
 
 def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict, doc_ids, faiss,
-                ours_kinds: tuple[str, ...] = ("hnsw_fp16",), baselines: tuple[str, ...] = ANN_BASELINES) -> list[Method]:
+                ours_kinds: tuple[str, ...] = ("hnsw_fp16",), baselines: tuple[str, ...] = ANN_BASELINES,
+                X: np.ndarray | None = None) -> list[Method]:
     """The ANN methods of issue 19 (module docstring); efforts tuned on the training queries.  ``baselines``: the
     faiss ANN families to build (all by default; at 1M on this 24 GiB, 2-core machine a run may keep to a few,
     and says so in its command).  ``ours_kinds``: the ANN first stages of our versions; the first one's rows are
     ``ours_fixed_r<t>`` / ``ours_recall_<t>``, every other kind's ``ours_<kind>_fixed_r<t>`` /
-    ``ours_<kind>_recall_<t>``."""
+    ``ours_<kind>_recall_<t>``.  ``X``: (N, D) float32 the documents as encoded (None: ``X_rot @ R``); each
+    kind's index holds the documents in its space (:func:`engine.ann.index_space`: as encoded and searched with
+    the query embeddings ``E``, as a faiss user indexes them, or rotated and searched with ``Q`` for Panorama),
+    ours as the build stores it."""
     N, D = X_rot.shape
+    X = np.ascontiguousarray(X_rot @ R if X is None else X, np.float32)
+    spaces = {"rotated": (X_rot, Q), "embedding": (X, E)}
 
     def set_omp(t):
         faiss.omp_set_num_threads(t)
@@ -413,10 +419,11 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
     plain = [p for p in ANN_PLAIN if p[0] in baselines]
     built = {}
     for name, kind, M, targets in plain:
-        index, params, build_s = _faiss_ann(kind, X_rot, M)
+        Xs, Qs = spaces[ann.index_space(kind)]
+        index, params, build_s = _faiss_ann(kind, Xs, M)
         t = time.perf_counter()
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=max(targets) + 0.005,
-                                refine_for=ANN_TARGETS)
+        curve = ann.tune_effort(index, params, Xs, Qs["train"], k=K, truth=truth["train"],
+                                stop_at=max(targets) + 0.005, refine_for=ANN_TARGETS)
         tune_s = time.perf_counter() - t
         built[(kind, M)] = (index, params, curve, build_s)
         mem = _index_bytes(index, faiss)
@@ -431,12 +438,12 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
                 p = faiss.SearchParametersHNSW()
                 p.efSearch = int(max(effort, K))
 
-            def run(i, which, index=index, p=p, kind=kind, effort=effort):
+            def run(i, which, index=index, p=p, kind=kind, effort=effort, Qs=Qs):
                 if kind.startswith("hnsw"):
                     before = int(faiss.cvar.hnsw_stats.ndis)
-                    _, I = index.search(Q[which][i:i + 1], K, params=p)
+                    _, I = index.search(Qs[which][i:i + 1], K, params=p)
                     return I[0], (int(faiss.cvar.hnsw_stats.ndis) - before) * D
-                _, I = index.search(Q[which][i:i + 1], K, params=p)
+                _, I = index.search(Qs[which][i:i + 1], K, params=p)
                 return I[0], (index.nlist + effort * N / index.nlist) * D
 
             out.append(Method(f"{name}_r{tgt:g}", run, mem, build_s + tune_s,
@@ -445,26 +452,30 @@ def ann_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q: dict, truth: dict,
                                "tuned_for_train_recall": tgt}, set_omp))
     for n_kind, ours_kind in enumerate(ours_kinds):
         out += _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind, built,
-                                "ours_" if n_kind == 0 else f"ours_{ours_kind}_")
+                                "ours_" if n_kind == 0 else f"ours_{ours_kind}_", spaces)
     for m in out:
         m.family = "ann"
     return out
 
 
-def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, built: dict, prefix: str) -> list[Method]:
+def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, built: dict, prefix: str,
+                     spaces: dict) -> list[Method]:
     """``<prefix>fixed_r<t>`` and ``<prefix>recall_<t>``: policy 'recall' through the pipeline on a version holding
-    an ANN first stage of ``ours_kind`` (M = 32), one tuned effort against the per-query effort model."""
+    an ANN first stage of ``ours_kind`` (M = 32) in the space a build stores it in (``spaces``: space -> (documents,
+    queries by split)), one tuned effort against the per-query effort model."""
     N, D = X_rot.shape
     out = []
     key = (ours_kind, 32)
+    space = ann.index_space(ours_kind)
+    Xs, Qs = spaces[space]
     if key not in built:
-        index, params, build_s = _faiss_ann(ours_kind, X_rot, 32)
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997,
+        index, params, build_s = _faiss_ann(ours_kind, Xs, 32)
+        curve = ann.tune_effort(index, params, Xs, Qs["train"], k=K, truth=truth["train"], stop_at=0.997,
                                 refine_for=ANN_TARGETS)
         built[key] = (index, params, curve, build_s)
     index, params, curve, build_s = built[key]
     if curve[-1]["recall"] < 0.997 and curve[-1]["effort"] < ann.effort_grid(params)[-1]:
-        curve = ann.tune_effort(index, params, X_rot, Q["train"], k=K, truth=truth["train"], stop_at=0.997,
+        curve = ann.tune_effort(index, params, Xs, Qs["train"], k=K, truth=truth["train"], stop_at=0.997,
                                 refine_for=ANN_TARGETS)
     mem = _index_bytes(index, faiss) + D * D * 4  # the index (faiss scores the candidates at full width) and R
     pipe = Pipeline()
@@ -473,8 +484,9 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
         faiss.omp_set_num_threads(tn)
 
     t = time.perf_counter()
-    fits = fit_effort_models(index, params, X_rot, Q["train"], curve, k=K, truth=truth["train"],
-                             targets=ANN_TARGETS)
+    fits = fit_effort_models(index, params, Xs, Qs["train"], curve, k=K, truth=truth["train"],
+                             targets=ANN_TARGETS,
+                             prefixes=None if space == "rotated" else Q["train"][:, :ann.ENERGY_PREFIX])
     by_target = {t: RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)
                  for f in fits for t in f.targets}
     probe_of = {t: f.probe for f in fits for t in f.targets}
@@ -484,7 +496,7 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     for margin, name, policies in ((0.0, prefix + "fixed_r", None), (0.25, prefix + "recall_", by_target)):
         stage = AnnStage1(index, params, curve, margin_share=margin,
                           bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params),
-                          target_policies=policies)
+                          target_policies=policies, space=space)
         policy = stage.effort_policy
         version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
         for tgt in ANN_TARGETS:
@@ -657,7 +669,7 @@ def run_corpus(name: str, data: dict, args, faiss) -> list[dict]:
         methods += ours
     if args.methods in ("ann", "all"):
         ann_ms = [m for m in ann_methods(X_rot, R, E, Q, truth, data["doc_ids"], faiss, tuple(args.ours_ann),
-                                         tuple(args.ann_baselines))
+                                         tuple(args.ann_baselines), X=X)
                   if not (args.methods == "all" and m.name == "faiss_flat")]
         if levels_ctx is not None:
             ann_ms = picked_backend(ann_ms, levels_ctx, X_rot, R, E, data["doc_ids"], args.ours_ann[0], name)

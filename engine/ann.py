@@ -26,6 +26,14 @@ of a coordinate at most 2^-11).
 Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
 adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
 
+Index space (:func:`index_space`): the kinds without Panorama score every candidate by its full-width inner
+product, which an orthogonal R leaves unchanged (``<R q, R d> = <q, d>``), so a build stores their documents as
+the encoder gives them and a query skips its D x D rotation (576 KiB of R read at D = 384; 25 µs with R in the
+last-level cache, 60-80 µs without, ``bench/results/pipeline_cost``); only the per-query effort model's evidence
+reads rotated coordinates, the leading :data:`ENERGY_PREFIX` (:func:`probe`'s ``prefix``).  Panorama's levels
+need the rotation's energy compaction: its kinds keep the rotated documents.  Versions built before 2026-12-06
+hold every kind rotated (``manifest.ann.space``).
+
 Defaults: ``nlist = round(4 sqrt(N))`` (at least 1, at most N / 39 so k-means has 39 points a centroid),
 ``M = 32``, ``efConstruction = 80``, Panorama levels 8 (IVF Panorama lists padded to batches of 128).  The served candidates are rescored exactly at full
 width (:mod:`engine.stages.rescore`), so the ANN index only decides *which* documents are candidates.
@@ -73,8 +81,26 @@ HNSW_EF_GRID = (10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 
 drawn from a Gaussian fitted to SciFact (``bench/results/scale/``) HNSW M = 32 reaches recall@10 0.948 at efSearch
 1024 and 0.989 only at 4096."""
 DEFAULT_TARGETS = (0.95, 0.99)
+INDEX_SPACES = ("rotated", "embedding")
+"""What an ANN index holds: the rotated documents ``R d`` (searched with ``R q``), or the documents as the encoder
+gives them (searched with the query embedding ``q``; :func:`index_space`)."""
+ENERGY_PREFIX = 64
+"""The leading rotated coordinates the per-query effort model's evidence reads (``energy16``, ``energy64``)."""
 PANORAMA_LEVELS = 8
 PANORAMA_BATCH = 128
+
+
+def index_space(kind: str) -> str:
+    """The space a build stores ``kind``'s documents in (:data:`INDEX_SPACES`): ``embedding`` for the kinds that
+    score each candidate by its full-width inner product (``ivf``, ``hnsw``, ``hnsw_fp16``: invariant under the
+    orthogonal rotation), ``rotated`` for Panorama's (its level pruning needs the rotation's energy compaction).
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind not in ANN_KINDS:
+        raise ValueError(f"ANN kind must be one of {ANN_KINDS}, got {kind!r}")
+    return "rotated" if "panorama" in kind else "embedding"
 
 
 class MemoryBudgetError(ValueError):
@@ -309,7 +335,8 @@ def build_index(X_rot: np.ndarray, params: AnnParams, *, seed: int = 0) -> faiss
     """Build the faiss index of ``params`` over the rotated documents.
 
     Args:
-        X_rot: (N, D) float32 rotated documents, unit norm.
+        X_rot: (N, D) float32 documents in the index's space (:func:`index_space`: rotated, or as the encoder gives
+            them), unit norm.
         params: :class:`AnnParams`.
         seed: k-means seed (IVF kinds).
 
@@ -426,7 +453,7 @@ def scan_lists(index: faiss.Index, query: np.ndarray, k: int, lists: np.ndarray,
 
     Args:
         index: an IVF index (:func:`build_index`).
-        query: (D,) float32 rotated query.
+        query: (D,) float32 query in the index's space (:func:`index_space`).
         k: candidates wanted.
         lists: (p,) int64 list ids to scan; scores: (p,) float32 their centroid scores (faiss's coarse
             distances; an inner-product IVF-Flat scores documents exactly and ignores them).
@@ -464,12 +491,12 @@ def scan_lists(index: faiss.Index, query: np.ndarray, k: int, lists: np.ndarray,
 
 def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
            allowed: np.ndarray | None = None, centroids: bool = False) -> AnnHits:
-    """The ANN top ``k`` candidates of one rotated query at one effort.
+    """The ANN top ``k`` candidates of one query at one effort.
 
     Args:
         index: built by :func:`build_index` (or read from a version).
         kind: its kind.
-        query: (D,) float32 rotated query, unit norm.
+        query: (D,) float32 query in the index's space (:func:`index_space`), unit norm.
         k: candidates wanted (HNSW's beam is raised to at least k).
         effort: nprobe (IVF) or efSearch (HNSW).
         allowed: (N,) bool restriction (a faiss ID selector), or None.
@@ -592,15 +619,17 @@ class AnnEvidence:
 
 
 def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
-          allowed: np.ndarray | None = None) -> AnnEvidence:
-    """Search one rotated query ((D,) float32, unit norm) at ``effort`` (the model grid's first) and read the
-    evidence the per-query effort model takes (:class:`AnnEvidence`) off faiss's own full-width scores of its
-    ``k`` candidates (no second scoring pass).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the
-    search's first steps, for IVF the distances to the nearest centroids, predict the termination a query needs)
-    and DARTH (SIGMOD 2026: recall-targeted early termination)."""
+          allowed: np.ndarray | None = None, prefix: np.ndarray | None = None) -> AnnEvidence:
+    """Search one query ((D,) float32, unit norm, in the index's space: :func:`index_space`) at ``effort`` (the
+    model grid's first) and read the evidence the per-query effort model takes (:class:`AnnEvidence`) off faiss's
+    own full-width scores of its ``k`` candidates (no second scoring pass).  ``prefix``: the query's leading
+    rotated coordinates ((>= :data:`ENERGY_PREFIX`,) float32) for the energy features; None: ``query``'s own (an
+    index over rotated documents).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first
+    steps, for IVF the distances to the nearest centroids, predict the termination a query needs) and DARTH
+    (SIGMOD 2026: recall-targeted early termination)."""
     hits = search(index, kind, query, k, effort, allowed, centroids=True)
     rows, scores = ranked(hits.rows, hits.scores, k)
-    q = np.asarray(query, np.float32)
+    q = np.asarray(query if prefix is None else prefix, np.float32)
     s = scores.tolist()
     n = len(s)
     nan = math.nan
@@ -609,8 +638,8 @@ def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
         mean = sum(s) / n
         v[:6] = [s[0], s[-1], s[0] - s[-1], s[0] - s[1] if n > 1 else nan, mean,
                  math.sqrt(max(sum(x * x for x in s) / n - mean * mean, 0.0))]
-    v[6:10] = [float(n), float(hits.work) / max(len(q), 1), float(np.dot(q[:16], q[:16])),
-               float(np.dot(q[:64], q[:64]))]
+    v[6:10] = [float(n), float(hits.work) / max(len(query), 1), float(np.dot(q[:16], q[:16])),
+               float(np.dot(q[:ENERGY_PREFIX], q[:ENERGY_PREFIX]))]
     if hits.centroid_scores is not None and len(hits.centroid_scores):
         c = hits.centroid_scores[:CENTROID_RANKS[-1]].astype(np.float64)
         c1, sk = float(c[0]), v[1]
@@ -634,7 +663,7 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
 
     Args:
         index, kind: the ANN index and its kind.
-        query: (D,) float32 rotated query; k: candidates wanted.
+        query: (D,) float32 query in the index's space; k: candidates wanted.
         ev: the query's probe.
         effort: nprobe or efSearch.
         allowed: (N,) bool restriction, or None (as the probe's).
@@ -700,8 +729,8 @@ def tune_effort(index: faiss.Index, params: AnnParams, X_rot: np.ndarray, Q_rot:
 
     Args:
         index, params: the ANN index and its parameters.
-        X_rot: (N, D) float32 rotated documents.
-        Q_rot: (Q, D) float32 rotated tuning queries.
+        X_rot: (N, D) float32 documents in the index's space (:func:`index_space`).
+        Q_rot: (Q, D) float32 tuning queries in the same space.
         k: recall@k.
         depth: ANN candidates searched for (default k).
         truth: (Q, k) exhaustive top-k (default computed).

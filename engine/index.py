@@ -231,7 +231,8 @@ class IndexVersion:
                     if len(models) > 1:  # one model per group of targets, each with its own probe
                         by_target = {float(t): p for m, p in zip(models, policies) for t in m.section.targets}
                 version.ann = AnnStage1(got[0], got[1], a.curve, a.margin_share, a.bytes_per_document,
-                                        effort_policy=effort, model_targets=targets, target_policies=by_target)
+                                        effort_policy=effort, model_targets=targets, target_policies=by_target,
+                                        space=a.space)
         return version
 
     @classmethod

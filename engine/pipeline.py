@@ -163,7 +163,7 @@ class Pipeline:
             t1 = clock()
             q = rotate(run, version, embedding)
             t2 = clock()
-            c = stage1(run, version, q, allowed)
+            c = stage1(run, version, q, allowed, embedding)
             t3 = clock()
             check()
             t4 = clock()

@@ -428,13 +428,21 @@ class AnnStage1:
         target_policies: target -> the per-query effort model fitted for it (each with a probe effort of its own,
             :func:`trainer.recall_fit.fit_effort_models`; a target in between takes the nearest one's, the higher
             on a tie), or None: ``effort_policy`` for every target.
+        space: what the index holds (:data:`engine.ann.INDEX_SPACES`): ``rotated`` documents, searched with the
+            rotated query, or the documents as encoded (``embedding``), searched with the query embedding, the
+            rotation read only for the effort model's evidence (:func:`engine.ann.index_space`).
+
+    Raises:
+        ValueError: an unknown ``space``.
     """
 
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
                  effort_policy=None, model_targets: dict[float, bool] | None = None,
-                 target_policies: dict | None = None):
-        self.index, self.params, self.kind = index, params, params.kind
+                 target_policies: dict | None = None, space: str = "rotated"):
+        if space not in ann.INDEX_SPACES:
+            raise ValueError(f"ANN index space must be one of {ann.INDEX_SPACES}, got {space!r}")
+        self.index, self.params, self.kind, self.space = index, params, params.kind, space
         self.curve = [dict(p) for p in curve]
         self.margin_share = float(margin_share)
         self.effort_name = ann.EFFORT_NAME[self.kind]
@@ -494,10 +502,11 @@ class AnnStage1:
                         f"the {self.kind} backend would miss allowed neighbours")
         return None
 
-    def per_query(self, query: np.ndarray, target: float, k: int,
-                  allowed: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
-        """The candidates of one rotated query ((D,) float32) at the effort the per-query model chooses for
-        ``target``: the probe at the first effort of the target's model's grid (:meth:`policy_for`: the probe
+    def per_query(self, query: np.ndarray, target: float, k: int, allowed: np.ndarray | None = None,
+                  prefix: np.ndarray | None = None) -> tuple[ann.AnnHits, int, int]:
+        """The candidates of one query ((D,) float32 in the index's :attr:`space`; ``prefix``: its leading rotated
+        coordinates for the model's evidence, None when ``query`` is rotated) at the effort the per-query model
+        chooses for ``target``: the probe at the first effort of the target's model's grid (:meth:`policy_for`: the probe
         effort the build chose for it, :func:`trainer.recall_fit.fit_effort_models`), then the cheapest effort
         whose predicted recall clears the target's calibrated bar (:meth:`engine.recall.RecallPolicy.choose`),
         searched on from the probe (:func:`engine.ann.continue_search`); when that is the probe's effort the
@@ -509,12 +518,13 @@ class AnnStage1:
             effort = self.effort(target)
             return self.search(query, k, effort, allowed), int(effort), 0
         grid = policy.z_grid
-        ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed)
+        ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed, prefix)
         bound, z = policy.choose(ev, float(target))
         effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
         # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)
         return ann.continue_search(self.index, self.kind, query, k, ev, effort, allowed), effort, ev.work
 
     def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:
-        """The ANN candidates of one rotated query ((D,) float32) at ``effort``; see :func:`engine.ann.search`."""
+        """The ANN candidates of one query ((D,) float32 in the index's :attr:`space`) at ``effort``; see
+        :func:`engine.ann.search`."""
         return ann.search(self.index, self.kind, query, k, effort, allowed)

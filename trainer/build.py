@@ -571,16 +571,19 @@ def _pseudo_query_embeddings(ctx: BuildContext):
 
 
 def _ann(ctx: BuildContext) -> None:
-    """The ANN first stage of the chosen backend over the rotated documents, and its effort curve tuned on the
-    training queries (or corpus pseudo-queries): recall@10 against exhaustive search after the exact rescoring."""
+    """The ANN first stage of the chosen backend over the documents in its space (:func:`engine.ann.index_space`:
+    as encoded, or rotated for Panorama's kinds), and its effort curve tuned on the training queries (or corpus
+    pseudo-queries): recall@10 against exhaustive search after the exact rescoring."""
     opts = ctx.opts
     if ctx.backend is None or ctx.backend.backend == "flat":
         return
     kind = ctx.backend.backend
     N = len(ctx.doc_ids)
     params = ann.default_params(kind, N, **opts.ann_params)
+    space = ann.index_space(kind)
+    X_ann = ctx.X_rot if space == "rotated" else np.ascontiguousarray(ctx.X, np.float32)
     with ctx.timer(f"ann {kind}"):
-        index = ann.build_index(ctx.X_rot, params, seed=opts.seed)
+        index = ann.build_index(X_ann, params, seed=opts.seed)
     with ctx.timer("ann effort tuning"):
         if ctx.has_train:
             Q, source, pseudo = ctx.train.emb, "train", None
@@ -591,13 +594,14 @@ def _ann(ctx: BuildContext) -> None:
         if len(Q) > opts.ann_tuning_queries:
             Q = Q[np.sort(rng.choice(len(Q), opts.ann_tuning_queries, replace=False))]
         Q_rot = np.ascontiguousarray(Q @ ctx.R.T, np.float32)
-        truth = ann.exhaustive_top_k(ctx.X_rot, Q_rot, 10)
+        Q_ann = Q_rot if space == "rotated" else np.ascontiguousarray(Q, np.float32)
+        truth = ann.exhaustive_top_k(X_ann, Q_ann, 10)
         margin = 0.25 if pseudo is None else 0.5
-        curve = ann.tune_effort(index, params, ctx.X_rot, Q_rot, k=10, depth=10, truth=truth,
+        curve = ann.tune_effort(index, params, X_ann, Q_ann, k=10, depth=10, truth=truth,
                                 refine_for=tuple(ann.goal(t, margin) for t in ann.DEFAULT_TARGETS))
     targets = {f"{t:g}": ann.effort_for(curve, t, margin) for t in ann.DEFAULT_TARGETS}
-    ctx.ann = {"index": index, "params": params, "curve": curve,
-               "section": {"targets": targets, "margin_share": margin, "tuning_source": source,
+    ctx.ann = {"index": index, "params": params, "curve": curve, "X": X_ann,
+               "section": {"space": space, "targets": targets, "margin_share": margin, "tuning_source": source,
                            "tuning_queries": int(len(Q_rot)), "bytes_per_document": ctx.backend.bytes_per_document,
                            "pseudo_queries": pseudo.record if pseudo is not None else None}}
     log.info("ann %s: %s; served efforts %s", kind, params.as_dict(), targets)
@@ -619,17 +623,20 @@ def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth
     a, opts = ctx.ann, ctx.opts
     margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if source == "train"
               else {"margin_rule": "share", "margin_share": 0.5})
-    fits = fit_effort_models(a["index"], a["params"], ctx.X_rot, Q_rot, a["curve"], k=10, truth=truth,
+    space = a["section"]["space"]
+    Q_ann = Q_rot if space == "rotated" else np.ascontiguousarray(Q, np.float32)
+    fits = fit_effort_models(a["index"], a["params"], a["X"], Q_ann, a["curve"], k=10, truth=truth,
                              margin_share=a["section"]["margin_share"], margin_rule=margin["margin_rule"],
-                             rule_share=margin["margin_share"], seed=opts.seed)
+                             rule_share=margin["margin_share"], seed=opts.seed,
+                             prefixes=None if space == "rotated" else Q_rot[:, :ann.ENERGY_PREFIX])
     policies = [RecallPolicy(f.booster, list(f.table.feature_names), np.asarray(f.table.z_grid, np.float64), "ann",
                              f.oof, f.table.recall, f.table.coordinates, k=10, **margin) for f in fits]
     by_target = {t: p for f, p in zip(fits, policies) for t in f.targets} if len(fits) > 1 else None
     rng = np.random.default_rng(opts.seed + 11)
     Qm = Q if len(Q) <= MEASURE_QUERIES else Q[np.sort(rng.choice(len(Q), MEASURE_QUERIES, replace=False))]
-    stages = {"fixed": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"]),
+    stages = {"fixed": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"], space=space),
               "per_query": AnnStage1(a["index"], a["params"], a["curve"], a["section"]["margin_share"],
-                                     effort_policy=policies[0], target_policies=by_target)}
+                                     effort_policy=policies[0], target_policies=by_target, space=space)}
     versions = {n: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=s) for n, s in stages.items()}
     measured, chosen = {}, []
     for t in ann.DEFAULT_TARGETS:
@@ -668,7 +675,7 @@ def ann_stage(a: dict) -> AnnStage1:
                      model_targets={t: t in e["section"]["per_query_targets"] for e in models
                                     for t in map(float, e["section"]["measured"])} if models else None,
                      target_policies={t: e["policy"] for e in models for t in e["section"]["targets"]}
-                     if len(models) > 1 else None)
+                     if len(models) > 1 else None, space=a["section"]["space"])
 
 
 def _levels_and_recall(ctx: BuildContext) -> None:

@@ -139,17 +139,20 @@ def calibration_report(table: RecallTable, oof: np.ndarray, targets=(0.9, 0.95, 
 
 
 def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
-                 truth: np.ndarray | None = None, efforts=None) -> RecallTable:
+                 truth: np.ndarray | None = None, efforts=None, prefixes: np.ndarray | None = None) -> RecallTable:
     """The per-query effort model's table (issue 19): every calibration query probed once at the grid's first
     effort (:func:`engine.ann.probe`: its evidence) and searched at every effort of the grid, its best k ranked
     by faiss's full-width scores (as served).
 
     Args:
         index, params: the ANN index and its :class:`engine.ann.AnnParams`.
-        X_rot: (N, D) float32 rotated documents; Q_rot: (Q, D) float32 rotated calibration queries.
+        X_rot: (N, D) float32 documents and Q_rot: (Q, D) float32 calibration queries, both in the index's space
+            (:func:`engine.ann.index_space`: rotated, or as the encoder gives them).
         k: recall@k.
         truth: (Q, k) exhaustive top-k rows (default computed).
         efforts: the grid (default :func:`engine.ann.effort_grid`), increasing; the first is the probe's.
+        prefixes: (Q, >= :data:`engine.ann.ENERGY_PREFIX`) float32 the queries' leading rotated coordinates for
+            the evidence (:func:`engine.ann.probe`), or None when ``Q_rot`` is rotated.
 
     Returns:
         A :class:`RecallTable` whose ``z_grid`` is the effort grid: ``recall`` (Q, E) realised recall@k against
@@ -158,11 +161,12 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
     """
     efforts = tuple(int(e) for e in (efforts if efforts is not None else ann.effort_grid(params)))
     return effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=efforts,
-                         probes=efforts[:1])[efforts[0]]
+                         probes=efforts[:1], prefixes=prefixes)[efforts[0]]
 
 
 def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
-                  truth: np.ndarray | None = None, efforts=None, probes=None) -> dict[int, RecallTable]:
+                  truth: np.ndarray | None = None, efforts=None, probes=None,
+                  prefixes: np.ndarray | None = None) -> dict[int, RecallTable]:
     """:func:`effort_table` for several probe efforts at once: per probe p, the table over the efforts of the
     grid from p on (p first), each as served (:func:`engine.ann.continue_search`).
 
@@ -200,7 +204,7 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
         t = set(truth[i].tolist())
         fresh = {} if resumes else {e: ann.search(index, params.kind, q, k, e) for e in efforts[first:]}
         for p in probes:
-            ev = ann.probe(index, params.kind, q, k, p)
+            ev = ann.probe(index, params.kind, q, k, p, prefix=None if prefixes is None else prefixes[i])
             feats[p].append(ev.vector)
             for j, e in enumerate(efforts[start[p]:]):
                 if j == 0:
@@ -271,7 +275,7 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
                       truth: np.ndarray | None = None, margin_share: float = 0.0,
                       targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
                       rule_share: float = 0.25, folds: int = 4, seed: int = 0,
-                      cap: float = ann.MODEL_EFFORT_CAP) -> list[EffortFit]:
+                      cap: float = ann.MODEL_EFFORT_CAP, prefixes: np.ndarray | None = None) -> list[EffortFit]:
     """The per-query effort models, each with the probe effort its targets chose on the calibration queries
     (issue 19).
 
@@ -286,7 +290,8 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
     machine's load.  Per target because the best probe moves with it: HNSW cannot resume a search, so a probe
     near a low target's effort settles most of its queries, while a high target's queries mostly search again
     and pay the probe twice (debdocs' 221,170 passages, one model: efSearch 40 had the lowest
-    geometric mean, but its median work at 0.99 was 19 % above probe 10's, docs/SCALING.md).
+    geometric mean, but its median work at 0.99 was 19 % above probe 10's, docs/SCALING.md).  ``X_rot``,
+    ``Q_rot`` and ``prefixes`` as :func:`effort_table`.
 
     Returns:
         The models, by their lowest target (each target of ``targets`` in exactly one).
@@ -300,7 +305,8 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
         raise ValueError("the effort model needs at least one recall target")
     probes = ann.probe_candidates(params, curve, margin_share)
     grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share, cap=cap)) | set(probes)))
-    tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes)
+    tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes,
+                           prefixes=prefixes)
     report, oofs = {}, {}
     for p, table in tables.items():
         oofs[p] = _oof(table, folds, seed)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.ann import ENERGY_PREFIX
 from engine.plan import Plan
 
 
 def reach(plan: Plan, version) -> int:
-    """Coordinates of the rotated query the plan's stages read (m0 at least; D for exact, recall, funnel)."""
+    """Coordinates of the rotated query the plan's stages read (m0 at least; D for exact, recall, funnel; for
+    ``recall`` served by an ANN index over the documents as encoded, only the effort model's evidence prefix,
+    :data:`engine.ann.ENERGY_PREFIX`, and none where no model serves the target: stage 1 searches with the
+    embedding itself, :func:`engine.ann.index_space`)."""
     D = version.dimension
+    a = getattr(version, "ann", None)
+    if plan.policy == "recall" and getattr(a, "space", "rotated") == "embedding":
+        return min(ENERGY_PREFIX, D) if a.uses_model(float(plan.recall_target)) else 0
     if plan.policy in ("exact", "recall", "funnel"):
         return D
     if plan.policy == "fixed":
@@ -21,4 +28,10 @@ def reach(plan: Plan, version) -> int:
 
 def rotate(plan: Plan, version, embedding: np.ndarray) -> np.ndarray:
     """``R[:w] @ q``: embedding (D,) float32 unit norm -> (w,) float32, w = :func:`reach` (costs D·w)."""
-    return np.asarray(version.rotation[:reach(plan, version)] @ embedding, dtype=np.float32)  # (no copy if float32)
+    w = reach(plan, version)
+    if w == 0:  # an ANN index over the documents as encoded at a target its effort model does not serve
+        return _NOTHING
+    return np.asarray(version.rotation[:w] @ embedding, dtype=np.float32)  # (no copy if float32)
+
+
+_NOTHING = np.empty(0, np.float32)

@@ -93,7 +93,8 @@ def ann_or_exact(plan: Plan, version, allowed: np.ndarray | None) -> tuple[Plan,
     return replace(plan, policy="exact", width=version.dimension), because
 
 
-def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -> Candidates:
+def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None,
+           embedding: np.ndarray | None = None) -> Candidates:
     """Run stage 1 of the plan's policy.
 
     Args:
@@ -101,12 +102,15 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         version: the index version this request holds.
         query: the rotated query, (>= reach,) float32 (:mod:`engine.stages.rotate`).
         allowed: (N,) bool or None (:func:`allowed_mask`).
+        embedding: the query embedding, (D,) float32: what an ANN index over the documents as encoded is searched
+            with (``version.ann.space == "embedding"``), ``query`` then being only its rotated evidence prefix.
 
     Returns:
         :class:`Candidates` with ``state`` for the route and rescore stages.
 
     Raises:
         engine.stage1.Stage1Unavailable: the external stage-1 engine did not answer.
+        ValueError: an ANN index over the documents as encoded and no ``embedding``.
     """
     N = version.size
     n_allowed = N if allowed is None else int(allowed.sum())
@@ -122,8 +126,13 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None) -
         effort, probe_work = a.effort(float(plan.recall_target)), 0
         hits = None
         if n_allowed:
-            hits, effort, probe_work = a.per_query(query, float(plan.recall_target), min(plan.depth, n_allowed),
-                                                   allowed)
+            vec, prefix = query, None
+            if a.space == "embedding":  # the index holds the documents as encoded (engine.ann.index_space)
+                if embedding is None:
+                    raise ValueError("an ANN index over the documents as encoded is searched with the embedding")
+                vec, prefix = embedding, query
+            hits, effort, probe_work = a.per_query(vec, float(plan.recall_target), min(plan.depth, n_allowed),
+                                                   allowed, prefix)
         rows = hits.rows if hits is not None else np.empty(0, np.int64)
         c.state = AnnState(rows, hits.scores if hits is not None else np.empty(0, np.float32))
         c.width = version.dimension

@@ -301,9 +301,13 @@ class AnnEffortSection(_Section):
 
 
 class AnnSection(_Section):
-    """An ANN first stage over the full-width rotated documents (:mod:`engine.ann`), served by policy ``recall``."""
+    """An ANN first stage over the full-width documents (:mod:`engine.ann`), served by policy ``recall``."""
 
     kind: str = Field(description="ivf, hnsw, ivf_panorama, hnsw_panorama or hnsw_fp16 (engine.ann.ANN_KINDS).")
+    space: Literal["rotated", "embedding"] = Field(
+        "rotated", description="What the index holds: the rotated documents (searched with the rotated query), or "
+                               "the documents as encoded (searched with the query embedding; engine.ann.index_space). "
+                               "Versions built before 2026-12-06: rotated.")
     faiss_class: str = Field(description="The faiss index class (IndexIVFFlat, IndexHNSWFlat, ...).")
     metric: str = Field(description="inner product, or L2 (hnsw_panorama; the same ranking on unit vectors).")
     file: str = "ann.faiss"

@@ -68,6 +68,7 @@ def test_build_and_load_round_trip(ann_build):
     assert m.ann is not None and m.ann.kind == KIND and m.ann.faiss_class == "IndexHNSWSQ"
     assert m.ann.file in m.files and m.files[m.ann.file].size_bytes == (path / m.ann.file).stat().st_size
     assert m.ann.params["M"] == 32 and m.ann.params["ef_construction"] == 80 and m.ann.effort_name == "efSearch"
+    assert m.ann.space == "embedding"  # full-width inner products: the index holds the documents as encoded
     assert m.ann.tuning_source == "train" and m.ann.tuning_queries == 809
     efforts = [p["effort"] for p in m.ann.curve]
     assert efforts == sorted(efforts) and m.ann.targets["0.95"] is not None
@@ -79,6 +80,11 @@ def test_build_and_load_round_trip(ann_build):
     assert m.policy.default == "recall"
     v = IndexVersion.load(path)
     assert v.ann is not None and v.ann.kind == KIND and v.ann.index.ntotal == v.size == 5183
+    assert v.ann.space == "embedding"
+    first = np.zeros((1, v.dimension), np.float32)
+    v.ann.index.reconstruct_n(0, 1, first)  # the first document as encoded, not rotated (float16-rounded)
+    np.testing.assert_allclose(first[0] @ v.rotation.T, v.docs[0], atol=2e-3)
+    assert not np.allclose(first[0], v.docs[0], atol=2e-3)
     rep = v.backend_report()
     assert rep["backend"] == KIND and rep["bytes_per_document"]["total"] > 4 * 384
 

@@ -506,3 +506,59 @@ def test_the_probe_reads_centroid_distances_for_ivf_and_leaves_them_missing_for_
     hv = ann.probe(hnsw, "hnsw", Qe[0], 10, 10)
     assert all(np.isnan(hv.values[n]) for n in ann.EFFORT_FEATURES if n.startswith("centroid"))
     assert hv.centroid_lists is None and ann.continue_search(hnsw, "hnsw", Qe[0], 10, hv, 10).rows is hv.rows
+
+
+def test_an_index_over_the_documents_as_encoded_serves_the_embedding_and_rotates_only_the_evidence_prefix():
+    """engine.ann.index_space: HNSW scores at full width, so the build indexes the documents as encoded; the
+    pipeline searches with the query embedding, rotates only the effort model's evidence prefix, and serves what
+    the stage serves for that embedding and prefix."""
+    from engine.stages import stage1 as stage1_mod
+    from engine.stages.rotate import reach
+    from engine.plan import PlanDefaults, resolve_plan
+    from trainer.recall_fit import effort_table, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    assert [ann.index_space(k) for k in ann.ANN_KINDS] == ["embedding", "embedding", "rotated", "rotated",
+                                                           "embedding"]
+    with pytest.raises(ValueError, match="ANN kind"):
+        ann.index_space("flat")
+    rng = np.random.default_rng(3)
+    D = 96
+    centers = rng.standard_normal((30, D))
+    X = (centers[rng.integers(0, 30, 3000)] + 0.6 * rng.standard_normal((3000, D))).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    Q = (centers[rng.integers(0, 30, 260)] + 0.6 * rng.standard_normal((260, D))).astype(np.float32)
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    R = np.linalg.qr(rng.standard_normal((D, D)))[0].astype(np.float32)
+    X_rot, Q_rot = X @ R.T, Q @ R.T
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    table = effort_table(index, p, X, Q[:200], k=10, prefixes=Q_rot[:200, :ann.ENERGY_PREFIX])
+    ev = ann.probe(index, "hnsw", Q[0], 10, 10, prefix=Q_rot[0, :ann.ENERGY_PREFIX])
+    assert ev.values["energy16"] == pytest.approx(float(Q_rot[0, :16] @ Q_rot[0, :16]), rel=1e-5)
+    assert ev.values["energy64"] == pytest.approx(float(Q_rot[0, :64] @ Q_rot[0, :64]), rel=1e-5)
+    np.testing.assert_array_equal(table.features[0], ev.vector)
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    curve = ann.tune_effort(index, p, X, Q[:200])
+    with pytest.raises(ValueError, match="index space"):
+        AnnStage1(index, p, curve, space="raw")
+    a = AnnStage1(index, p, curve, effort_policy=policy, space="embedding")
+    v = IndexVersion.in_memory(X_rot, R, [f"d{i}" for i in range(len(X))], m0=16, ann=a)
+    spec = SearchSpec("q", k=10, width="auto", recall_target=0.95)
+    plan = resolve_plan(spec, PlanDefaults(), capabilities(v))
+    assert reach(plan, v) == ann.ENERGY_PREFIX < D
+    Qe = Q[200:]
+    res = Pipeline().search(v, [spec] * len(Qe), embeddings=Qe)
+    for r, q, qr in zip(res, Qe, Q_rot[200:]):
+        hits, effort, _ = a.per_query(q, 0.95, 10, prefix=qr[:ann.ENERGY_PREFIX])
+        assert r.rows.tolist() == hits.rows.tolist() and r.trace["effort"] == effort
+    truth = ann.exhaustive_top_k(X_rot, Q_rot[200:])  # the rotated documents' exhaustive top 10: the same ranking
+    assert ann.recall_at([r.rows for r in res], truth).mean() >= 0.94
+    np.testing.assert_allclose(res[0].scores, X_rot[res[0].rows] @ Q_rot[200], rtol=1e-4)
+    with pytest.raises(ValueError, match="searched with the embedding"):
+        stage1_mod.stage1(plan, v, Q_rot[200, :ann.ENERGY_PREFIX], None)
+    fixed = IndexVersion.in_memory(X_rot, R, v.doc_ids, m0=16, ann=AnnStage1(index, p, curve, space="embedding"))
+    assert reach(plan, fixed) == 0  # one tuned effort: no evidence, nothing rotated
+    r = Pipeline().search(fixed, [spec], embeddings=Qe[:1])[0]
+    assert r.rows.tolist() == ann.search(index, "hnsw", Qe[0], 10, fixed.ann.effort(0.95)).rows.tolist()
