@@ -1,7 +1,8 @@
-"""ANN first stages over the full-width rotated documents (issue 19): building, effort tuning, memory, selection.
+"""ANN first stages over the full-width documents (issue 19): building, effort tuning, memory, selection.
 
-Five kinds of faiss index over the (N, D) rotated documents ``R d`` (unit norm at D, so the inner product is the
-frozen encoder's cosine and the ranking by L2 distance is the same ranking), float32 but for ``hnsw_fp16``:
+Five kinds of faiss index over the (N, D) documents (unit norm at D, so the inner product is the frozen encoder's
+cosine and the ranking by L2 distance is the same ranking), as encoded or rotated ``R d`` (:func:`index_space`),
+float32 but for ``hnsw_fp16``:
 
 ==================  =========================================  ============================================
 kind                faiss class                                effort (per query)

@@ -135,7 +135,7 @@ class IndexVersion:
         "chosen_because"}``: the stage-1 backend and its bytes per document by part (vectors, graph, ids, panorama,
         levels, float16, documents, total; :func:`engine.ann.bytes_per_document`), an ANN's tuned effort per
         target, whether its per-query effort model serves the target and at which probe effort (None: it does
-        not), and the build's reason for the backend (``--ann auto``: the timings of the backends it measured), for
+        not), what its index holds (``index_space``: :data:`engine.ann.INDEX_SPACES`), and the build's reason for the backend (``--ann auto``: the timings of the backends it measured), for
         ``/readyz``."""
         N, D = max(self.size, 1), self.dimension
         b = getattr(self.manifest, "backend", None)
@@ -144,7 +144,8 @@ class IndexVersion:
             why["measured"] = b.measured
         if self.ann is not None:
             per = self.ann.bytes_per_document or ann_lib.bytes_per_document(self.ann.kind, N, D, self.ann.params)
-            return {"backend": self.ann.kind, "bytes_per_document": per, "effort_name": self.ann.effort_name,
+            return {"backend": self.ann.kind, "index_space": self.ann.space, "bytes_per_document": per,
+                    "effort_name": self.ann.effort_name,
                     "targets": {str(t): self.ann.effort(t) for t in ann_lib.DEFAULT_TARGETS},
                     "effort_per_query": {str(t): self.ann.uses_model(t) for t in ann_lib.DEFAULT_TARGETS},
                     "probe_effort": {str(t): self.ann.probe_effort(t) for t in ann_lib.DEFAULT_TARGETS}, **why}

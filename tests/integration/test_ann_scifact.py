@@ -87,6 +87,7 @@ def test_build_and_load_round_trip(ann_build):
     assert not np.allclose(first[0], v.docs[0], atol=2e-3)
     rep = v.backend_report()
     assert rep["backend"] == KIND and rep["bytes_per_document"]["total"] > 4 * 384
+    assert rep["index_space"] == "embedding"
 
 
 def _served(version, Q, **fields):
