@@ -5,7 +5,7 @@ whole :class:`engine.pipeline.Pipeline` (plan, rotation, stage 1, rescoring, ren
 query by query, so each starts with caches the others have used.  This script splits the difference, on one HNSW
 index (``--kind``, M = 32) over a debdocs prefix (``--n`` passages, 2,000 training and 1,000 test queries, one
 thread), per default target at the efSearch tuned on the training queries and with the per-query effort model
-(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Six paths, each timed over blocks
+(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Nine paths, each timed over blocks
 of 100 queries, the paths in a fresh random order for every block:
 
 - ``faiss``: ``index.search`` with ``SearchParametersHNSW`` at the tuned efSearch (the benchmark's baselines);
@@ -16,7 +16,11 @@ of 100 queries, the paths in a fresh random order for every block:
   stores it in (:func:`engine.ann.index_space`: as encoded for the kinds without Panorama, so the rotation stage
   computes only the evidence's 64 leading coordinates);
 - ``pipeline_per_query_rotated``: the same per-query path on a version that declares its index rotated (as every
-  version built before 2026-12-06 does), so the rotation stage computes all D coordinates: what that saves.
+  version built before 2026-12-06 does), so the rotation stage computes all D coordinates: what that saves;
+- the per-query stage's parts: ``probe_search`` (:func:`engine.ann.search` at the probe's efSearch), ``probe``
+  (:func:`engine.ann.probe`: that search and its evidence) and ``choose`` (the model's choice,
+  :meth:`engine.recall.RecallPolicy.choose`, on the query's evidence computed beforehand).  ``probe`` less
+  ``probe_search`` is what reading the evidence costs; ``choose`` is the model.
 
 Each under two conditions: ``warm`` (the queries back to back) and ``cold`` (a 64 MiB buffer summed before every
 call, which leaves the last-level cache holding none of the index, the rotation, the model or the interpreter's
@@ -44,7 +48,7 @@ import numpy as np
 from bench.ann_effort_cap import K, add_corpus_args, tuned_index, write
 from bench.common import machine
 from bench.scale import ANN_TARGETS, ROOT
-from engine.ann import ENERGY_PREFIX, index_space
+from engine.ann import ENERGY_PREFIX, index_space, probe, search
 from engine.index import IndexVersion
 from engine.pipeline import Pipeline
 from engine.plan import SearchSpec
@@ -53,7 +57,7 @@ from engine.stage1 import AnnStage1
 from trainer.recall_fit import fit_effort_models
 
 PATHS = ("faiss", "stage_fixed", "stage_per_query", "pipeline_fixed", "pipeline_per_query",
-         "pipeline_per_query_rotated")
+         "pipeline_per_query_rotated", "probe_search", "probe", "choose")
 STAGES = ("rotate", "stage1", "rescore")
 EVICT_BYTES = 64 << 20
 """The buffer summed before every call of the ``cold`` condition (larger than this machine's last-level cache)."""
@@ -72,6 +76,9 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray
     spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=target)
     pipe = Pipeline()
     E = np.ascontiguousarray(Q, np.float32)  # the identity rotation: the embedding is the rotated query
+    probe_at = model.probe_effort(target)
+    policy = model.policy_for(target)
+    evidence = [probe(model.index, model.kind, E[i], K, probe_at, prefix=E[i, :ENERGY_PREFIX]) for i in range(len(E))]
     junk = np.ones(EVICT_BYTES // 4, np.float32) if cold else None
     calls = {
         "faiss": lambda i: fixed.index.search(E[i:i + 1], K, params=params),
@@ -81,6 +88,9 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray
         "pipeline_per_query": lambda i: pipe.search(versions["per_query"], [spec], embeddings=E[i:i + 1])[0],
         "pipeline_per_query_rotated": lambda i: pipe.search(versions["per_query_rotated"], [spec],
                                                             embeddings=E[i:i + 1])[0],
+        "probe_search": lambda i: search(model.index, model.kind, E[i], K, probe_at),
+        "probe": lambda i: probe(model.index, model.kind, E[i], K, probe_at, prefix=E[i, :ENERGY_PREFIX]),
+        "choose": lambda i: policy.choose(evidence[i], target),
     }
     lat = {p: [] for p in PATHS}
     stages = {p: {s: [] for s in (*STAGES, "outside")} for p in PATHS if p.startswith("pipeline")}
@@ -114,6 +124,9 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray
                      "rotated_over_served_per_query": round(p50["pipeline_per_query_rotated"]
                                                             / p50["pipeline_per_query"], 3),
                      "pipeline_per_query_over_faiss": round(p50["pipeline_per_query"] / p50["faiss"], 3)}
+    out["per_query_parts_us"] = {"probe_search": p50["probe_search"],
+                                 "evidence": round(p50["probe"] - p50["probe_search"], 1),
+                                 "model": p50["choose"]}
     return out
 
 
@@ -141,6 +154,13 @@ def markdown(report: dict) -> str:
         for p, s in r["stage_p50_us"].items():
             lines.append(f"| {r['target']:g} | {r['condition']} | {p} | {s['rotate']:.0f} | {s['stage1']:.0f} | "
                          f"{s['rescore']:.0f} | {s['outside']:.0f} |")
+    lines += ["", "The per-query stage's parts (p50 µs): the probe's search at its efSearch, reading the evidence "
+                  "(`probe` less `probe_search`), the model's choice (`choose`):", "",
+              "| target | caches | probe efSearch | probe search | evidence | model | stage fixed |", "|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        q = r["per_query_parts_us"]
+        lines.append(f"| {r['target']:g} | {r['condition']} | {r['probe']} | {q['probe_search']:.0f} | "
+                     f"{q['evidence']:.0f} | {q['model']:.0f} | {r['p50_us']['stage_fixed']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
