@@ -5,7 +5,7 @@ whole :class:`engine.pipeline.Pipeline` (plan, rotation, stage 1, rescoring, ren
 query by query, so each starts with caches the others have used.  This script splits the difference, on one HNSW
 index (``--kind``, M = 32) over a debdocs prefix (``--n`` passages, 2,000 training and 1,000 test queries, one
 thread), per default target at the efSearch tuned on the training queries and with the per-query effort model
-(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Nine paths, each timed over blocks
+(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Twelve paths, each timed over blocks
 of 100 queries, the paths in a fresh random order for every block:
 
 - ``faiss``: ``index.search`` with ``SearchParametersHNSW`` at the tuned efSearch (the benchmark's baselines);
@@ -17,10 +17,15 @@ of 100 queries, the paths in a fresh random order for every block:
   computes only the evidence's 64 leading coordinates);
 - ``pipeline_per_query_rotated``: the same per-query path on a version that declares its index rotated (as every
   version built before 2026-12-06 does), so the rotation stage computes all D coordinates: what that saves;
+- ``stage_per_query_python`` / ``pipeline_per_query_python``: the per-query stage and pipeline with the compiled
+  probe-and-choice off (``AnnStage1(fused_choice=False)``: :func:`engine.ann.probe`, then
+  :meth:`engine.recall.RecallPolicy.choose`, as every release before 2026-12-06 served it);
 - the per-query stage's parts: ``probe_search`` (:func:`engine.ann.search` at the probe's efSearch), ``probe``
   (:func:`engine.ann.probe`: that search and its evidence) and ``choose`` (the model's choice,
   :meth:`engine.recall.RecallPolicy.choose`, on the query's evidence computed beforehand).  ``probe`` less
-  ``probe_search`` is what reading the evidence costs; ``choose`` is the model.
+  ``probe_search`` is what reading the evidence costs; ``choose`` is the model; ``probe_choose``
+  (:func:`engine.ann.probe_and_choose`: the probe's search, then evidence and choice in one compiled call) less
+  ``probe_search`` is what the two cost compiled.
 
 Each under two conditions: ``warm`` (the queries back to back) and ``cold`` (a 64 MiB buffer summed before every
 call, which leaves the last-level cache holding none of the index, the rotation, the model or the interpreter's
@@ -48,7 +53,7 @@ import numpy as np
 from bench.ann_effort_cap import K, add_corpus_args, tuned_index, write
 from bench.common import machine
 from bench.scale import ANN_TARGETS, ROOT
-from engine.ann import ENERGY_PREFIX, index_space, probe, search
+from engine.ann import ENERGY_PREFIX, index_space, probe, probe_and_choose, search
 from engine.index import IndexVersion
 from engine.pipeline import Pipeline
 from engine.plan import SearchSpec
@@ -57,7 +62,8 @@ from engine.stage1 import AnnStage1
 from trainer.recall_fit import fit_effort_models
 
 PATHS = ("faiss", "stage_fixed", "stage_per_query", "pipeline_fixed", "pipeline_per_query",
-         "pipeline_per_query_rotated", "probe_search", "probe", "choose")
+         "pipeline_per_query_rotated", "stage_per_query_python", "pipeline_per_query_python", "probe_search",
+         "probe", "choose", "probe_choose")
 STAGES = ("rotate", "stage1", "rescore")
 EVICT_BYTES = 64 << 20
 """The buffer summed before every call of the ``cold`` condition (larger than this machine's last-level cache)."""
@@ -65,8 +71,8 @@ BLOCKS = 10
 """The test queries are timed in this many blocks (see :func:`time_paths`)."""
 
 
-def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray, target: float,
-               cold: bool) -> dict:
+def time_paths(fixed: AnnStage1, model: AnnStage1, python: AnnStage1, versions: dict, Q: np.ndarray,
+               target: float, cold: bool) -> dict:
     """One target under one condition: per path the p50 µs; per pipeline path the stages' p50 µs."""
     import faiss
 
@@ -88,6 +94,11 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray
         "pipeline_per_query": lambda i: pipe.search(versions["per_query"], [spec], embeddings=E[i:i + 1])[0],
         "pipeline_per_query_rotated": lambda i: pipe.search(versions["per_query_rotated"], [spec],
                                                             embeddings=E[i:i + 1])[0],
+        "stage_per_query_python": lambda i: python.per_query(E[i], target, K, prefix=E[i, :ENERGY_PREFIX]),
+        "pipeline_per_query_python": lambda i: pipe.search(versions["per_query_python"], [spec],
+                                                           embeddings=E[i:i + 1])[0],
+        "probe_choose": lambda i: probe_and_choose(model.index, model.kind, E[i], K, probe_at, policy, target,
+                                                   prefix=E[i, :ENERGY_PREFIX]),
         "probe_search": lambda i: search(model.index, model.kind, E[i], K, probe_at),
         "probe": lambda i: probe(model.index, model.kind, E[i], K, probe_at, prefix=E[i, :ENERGY_PREFIX]),
         "choose": lambda i: policy.choose(evidence[i], target),
@@ -123,10 +134,15 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, versions: dict, Q: np.ndarray
                      "pipeline_fixed_over_faiss": round(p50["pipeline_fixed"] / p50["faiss"], 3),
                      "rotated_over_served_per_query": round(p50["pipeline_per_query_rotated"]
                                                             / p50["pipeline_per_query"], 3),
-                     "pipeline_per_query_over_faiss": round(p50["pipeline_per_query"] / p50["faiss"], 3)}
+                     "pipeline_per_query_over_faiss": round(p50["pipeline_per_query"] / p50["faiss"], 3),
+                     "python_per_query_over_fixed_pipeline": round(p50["pipeline_per_query_python"]
+                                                                   / p50["pipeline_fixed"], 3),
+                     "compiled_over_python_pipeline": round(p50["pipeline_per_query"]
+                                                            / p50["pipeline_per_query_python"], 3)}
     out["per_query_parts_us"] = {"probe_search": p50["probe_search"],
                                  "evidence": round(p50["probe"] - p50["probe_search"], 1),
-                                 "model": p50["choose"]}
+                                 "model": p50["choose"],
+                                 "evidence_and_model_compiled": round(p50["probe_choose"] - p50["probe_search"], 1)}
     return out
 
 
@@ -138,15 +154,16 @@ def markdown(report: dict) -> str:
              f"before every call. Run time "
              f"{report['seconds']:.0f} s. p50 in µs.", "",
              "| target | caches | efSearch | probe | faiss | stage fixed | stage per-query | pipeline fixed | "
-             "pipeline per-query | same, rotated index | per-query / fixed (stage) | per-query / fixed (pipeline) | "
-             "pipeline per-query / faiss |", "|" + "---|" * 13]
+             "pipeline per-query | same, rotated index | same, Python choice | per-query / fixed (stage) | "
+             "per-query / fixed (pipeline) | same, Python choice | pipeline per-query / faiss |", "|" + "---|" * 15]
     for r in report["rows"]:
         p, q = r["p50_us"], r["ratios"]
         lines.append(f"| {r['target']:g} | {r['condition']} | {r['effort']} | {r['probe']} | {p['faiss']:.0f} | "
                      f"{p['stage_fixed']:.0f} | {p['stage_per_query']:.0f} | {p['pipeline_fixed']:.0f} | "
                      f"{p['pipeline_per_query']:.0f} | {p['pipeline_per_query_rotated']:.0f} | "
-                     f"{q['per_query_over_fixed_stage']:.2f}x | "
-                     f"{q['per_query_over_fixed_pipeline']:.2f}x | {q['pipeline_per_query_over_faiss']:.2f}x |")
+                     f"{p['pipeline_per_query_python']:.0f} | {q['per_query_over_fixed_stage']:.2f}x | "
+                     f"{q['per_query_over_fixed_pipeline']:.2f}x | {q['python_per_query_over_fixed_pipeline']:.2f}x | "
+                     f"{q['pipeline_per_query_over_faiss']:.2f}x |")
     lines += ["", "Pipeline stages (p50 µs of the trace's timings; `outside`: plan, capabilities and render, the "
                   "call's time less the trace's total):", "",
               "| target | caches | path | rotate | stage1 | rescore | outside |", "|---|---|---|---|---|---|---|"]
@@ -155,12 +172,15 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['target']:g} | {r['condition']} | {p} | {s['rotate']:.0f} | {s['stage1']:.0f} | "
                          f"{s['rescore']:.0f} | {s['outside']:.0f} |")
     lines += ["", "The per-query stage's parts (p50 µs): the probe's search at its efSearch, reading the evidence "
-                  "(`probe` less `probe_search`), the model's choice (`choose`):", "",
-              "| target | caches | probe efSearch | probe search | evidence | model | stage fixed |", "|---|---|---|---|---|---|---|"]
+                  "(`probe` less `probe_search`), the model's choice (`choose`), both in the compiled call (`probe_choose` "
+                  "less `probe_search`):", "",
+              "| target | caches | probe efSearch | probe search | evidence | model | both, compiled | stage fixed |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         q = r["per_query_parts_us"]
         lines.append(f"| {r['target']:g} | {r['condition']} | {r['probe']} | {q['probe_search']:.0f} | "
-                     f"{q['evidence']:.0f} | {q['model']:.0f} | {r['p50_us']['stage_fixed']:.0f} |")
+                     f"{q['evidence']:.0f} | {q['model']:.0f} | {q['evidence_and_model_compiled']:.0f} | "
+                     f"{r['p50_us']['stage_fixed']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,15 +202,18 @@ def main(argv=None) -> None:
     fixed = AnnStage1(index, params, curve, margin_share=0.0, space=space)
     model = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space=space)
     rotated = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space="rotated")
+    python = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space=space,
+                       fused_choice=False)
     R = np.eye(X.shape[1], dtype=np.float32)
     ids = [str(i) for i in range(len(X))]
     versions = {"fixed": IndexVersion.in_memory(X, R, ids, ann=fixed),
                 "per_query": IndexVersion.in_memory(X, R, ids, ann=model),
-                "per_query_rotated": IndexVersion.in_memory(X, R, ids, ann=rotated)}
+                "per_query_rotated": IndexVersion.in_memory(X, R, ids, ann=rotated),
+                "per_query_python": IndexVersion.in_memory(X, R, ids, ann=python)}
     rows = []
     for cold in (False, True):
         for t in ANN_TARGETS:
-            rows.append(time_paths(fixed, model, versions, QE, t, cold))
+            rows.append(time_paths(fixed, model, python, versions, QE, t, cold))
             print(rows[-1]["condition"], t, rows[-1]["p50_us"], rows[-1]["ratios"], flush=True)
     report = {"kind": args.kind, "n_docs": len(X), "test_queries": len(QE),
               "command": f"OMP_NUM_THREADS=1 python -m bench.pipeline_cost --n {args.n} --kind {args.kind}",

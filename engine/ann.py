@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import faiss
 import numpy as np
 
+from adawidth import _effort
 from adawidth.prefix import top_k
 
 ANN_KINDS = ("ivf", "hnsw", "ivf_panorama", "hnsw_panorama", "hnsw_fp16")
@@ -627,29 +628,103 @@ def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
     rotated coordinates ((>= :data:`ENERGY_PREFIX`,) float32) for the energy features; None: ``query``'s own (an
     index over rotated documents).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first
     steps, for IVF the distances to the nearest centroids, predict the termination a query needs) and DARTH
-    (SIGMOD 2026: recall-targeted early termination)."""
+    (SIGMOD 2026: recall-targeted early termination).  :func:`probe_and_choose` is the same probe and the
+    model's choice in one compiled call, where it applies."""
     hits = search(index, kind, query, k, effort, allowed, centroids=True)
+    return _evidence(hits, k, effort, len(query), np.asarray(query if prefix is None else prefix, np.float32))
+
+
+def _evidence(hits: AnnHits, k: int, effort: int, d: int, q: np.ndarray) -> AnnEvidence:
+    """:func:`probe`'s evidence of one probe's answer ``hits``; ``q``: the query's leading rotated coordinates.
+    Every sum runs left to right in float64 (explicit loops, not numpy's or Python's own summation orders), so
+    ``adawidth._effort`` reproduces it to the last bit."""
     rows, scores = ranked(hits.rows, hits.scores, k)
-    q = np.asarray(query if prefix is None else prefix, np.float32)
     s = scores.tolist()
     n = len(s)
     nan = math.nan
     v = [nan] * len(EFFORT_FEATURES)
     if n:
-        mean = sum(s) / n
+        total = square = 0.0
+        for x in s:
+            total += x
+        for x in s:
+            square += x * x
+        mean = total / n
         v[:6] = [s[0], s[-1], s[0] - s[-1], s[0] - s[1] if n > 1 else nan, mean,
-                 math.sqrt(max(sum(x * x for x in s) / n - mean * mean, 0.0))]
-    v[6:10] = [float(n), float(hits.work) / max(len(query), 1), float(np.dot(q[:16], q[:16])),
-               float(np.dot(q[:ENERGY_PREFIX], q[:ENERGY_PREFIX]))]
+                 math.sqrt(max(square / n - mean * mean, 0.0))]
+    energy = energy16 = 0.0
+    head = q[:ENERGY_PREFIX].tolist()
+    short = min(len(head), 16)
+    for i, x in enumerate(head):
+        energy += x * x
+        if i == short - 1:
+            energy16 = energy
+    v[6:10] = [float(n), float(hits.work) / max(d, 1), energy16, energy]
     if hits.centroid_scores is not None and len(hits.centroid_scores):
         c = hits.centroid_scores[:CENTROID_RANKS[-1]].astype(np.float64)
         c1, sk = float(c[0]), v[1]
         v[10:12] = [c1, sk - c1]  # NaN when the probe found nothing
         v[12:12 + len(CENTROID_RANKS)] = [c1 - float(c[j - 1]) if len(c) >= j else nan for j in CENTROID_RANKS]
         if n:
-            v[12 + len(CENTROID_RANKS):] = [float(np.count_nonzero(c >= sk - d)) for d in CENTROID_MARGINS]
+            v[12 + len(CENTROID_RANKS):] = [float(np.count_nonzero(c >= sk - m)) for m in CENTROID_MARGINS]
     return AnnEvidence(np.array(v, np.float64), rows, scores, int(hits.work), int(effort), hits.centroid_lists,
                        hits.centroid_scores)
+
+
+def fused_applies(index: faiss.Index, kind: str, policy, allowed: np.ndarray | None) -> bool:
+    """Whether :func:`probe_and_choose` serves a query: an inner-product HNSW (``hnsw``, ``hnsw_fp16``: no
+    centroids, no metric conversion), unfiltered, under a model whose features are :data:`EFFORT_FEATURES` in
+    order, then its z (every version's effort model)."""
+    return (not kind.startswith("ivf") and allowed is None and index.metric_type == faiss.METRIC_INNER_PRODUCT
+            and tuple(policy.feature_names) == EFFORT_FEATURES and policy.forest is not None
+            and policy.forest.n_features == len(EFFORT_FEATURES) + 1)
+
+
+def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int, policy, target: float,
+                     prefix: np.ndarray | None = None) -> tuple[AnnEvidence, float | None]:
+    """:func:`probe` and :meth:`engine.recall.RecallPolicy.choose` of one query in two compiled calls (faiss's
+    search, then ``adawidth._effort.probe_choice``: the ranking check, the evidence, the model's rows and its
+    walk), where the Python path makes a dozen calls between them (about 30 µs a query warm and 110 µs with the
+    caches cold on debdocs: ``bench/results/pipeline_cost``).  The same evidence to the last bit and the same
+    choice (``tests/unit/test_ann_effort_fused.py``); an answer that needs ranking (ties, duplicates) takes the
+    Python path from faiss's answer, without a second search.
+
+    Args:
+        index, kind: an inner-product HNSW and its kind (:func:`fused_applies`).
+        query: (D,) float32 unit query in the index's space; k: candidates wanted (the policy's k).
+        effort: the probe's efSearch (the first of the policy's grid).
+        policy: the target's :class:`engine.recall.RecallPolicy` (its grid holds efforts).
+        target: the declared recall@k, < 1.
+        prefix: (>= :data:`ENERGY_PREFIX`,) float32 the query's leading rotated coordinates, or None (``query``'s
+            own).
+
+    Returns:
+        (the probe's :class:`AnnEvidence`, the chosen effort as the policy's z, or None when the policy serves
+        the target exactly: :meth:`engine.recall.RecallPolicy.choose`'s ``exact``).
+    """
+    bar = policy.bar(float(target)) if target < 1.0 else None
+    if bar is None:
+        return probe(index, kind, query, k, effort, None, prefix), None
+    q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
+    d = q.shape[1]
+    stats = faiss.cvar.hnsw_stats
+    before = int(stats.ndis)
+    D = np.empty((1, int(k)), np.float32)
+    I = np.empty((1, int(k)), np.int64)
+    index.search_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(D), faiss.swig_ptr(I), _hnsw_params(max(effort, k)))
+    ndis = max(int(stats.ndis) - before, 0)
+    pre = q[0] if prefix is None else np.ascontiguousarray(prefix, dtype=np.float32)
+    f = policy.forest
+    v = np.empty(len(EFFORT_FEATURES), np.float64)
+    j, n = _effort.probe_choice(f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves, f.n_features,
+                                D[0], I[0], float(ndis), pre, policy.z_grid, float(bar), policy.monotone_z, v)
+    if j == -2:  # an answer to rank (engine.ann.ranked): the Python path on faiss's answer
+        rows, scores = _hits(index, q, D, I)
+        ev = _evidence(AnnHits(rows, ndis * d, scores=scores), k, effort, d, pre)
+        return ev, policy.choose(ev, float(target))[1]
+    z = policy.z_grid
+    ev = AnnEvidence(v, I[0, :n], D[0, :n].astype(np.float64), ndis * d, int(effort))
+    return ev, float(z[j if j >= 0 else len(z) - 1])
 
 
 def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev: AnnEvidence, effort: int,

@@ -85,6 +85,11 @@ class RecallPolicy:
         # the model's z is its last column (recall_policy.design): monotone there, choose() bisects the grid
         self._monotone_z = self.forest.increasing_in(len(self.feature_names))
 
+    @property
+    def monotone_z(self) -> bool:
+        """True when the model does not decrease along its last column z (choices bisect the grid)."""
+        return self._monotone_z
+
     def goal(self, target: float) -> float:
         """The mean calibration recall ``target`` is calibrated to (cached): target + margin under
         ``margin_rule`` (:func:`adawidth.recall_policy.calibration_goal`), at most 1."""

@@ -439,7 +439,7 @@ class AnnStage1:
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
                  effort_policy=None, model_targets: dict[float, bool] | None = None,
-                 target_policies: dict | None = None, space: str = "rotated"):
+                 target_policies: dict | None = None, space: str = "rotated", fused_choice: bool = True):
         if space not in ann.INDEX_SPACES:
             raise ValueError(f"ANN index space must be one of {ann.INDEX_SPACES}, got {space!r}")
         self.index, self.params, self.kind, self.space = index, params, params.kind, space
@@ -449,6 +449,8 @@ class AnnStage1:
         self.bytes_per_document = dict(bytes_per_document or {})
         self.min_allowed_share = float(min_allowed_share)
         self._efforts: dict[float, int | None] = {}
+        self.fused_choice = bool(fused_choice)  # False: the Python probe and choice always (comparisons)
+        self._fused: dict[int, bool] = {}  # id(policy) -> ann.fused_applies, unfiltered
         self.effort_policy = effort_policy
         self.model_targets = None if model_targets is None else {float(t): bool(u) for t, u in model_targets.items()}
         self.target_policies = None if not target_policies else {float(t): p for t, p in target_policies.items()}
@@ -518,8 +520,14 @@ class AnnStage1:
             effort = self.effort(target)
             return self.search(query, k, effort, allowed), int(effort), 0
         grid = policy.z_grid
-        ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed, prefix)
-        bound, z = policy.choose(ev, float(target))
+        fused = self._fused.get(id(policy)) if allowed is None and self.fused_choice else False
+        if fused is None:
+            fused = self._fused[id(policy)] = ann.fused_applies(self.index, self.kind, policy, None)
+        if fused:  # faiss's probe, then one compiled call to the chosen effort
+            ev, z = ann.probe_and_choose(self.index, self.kind, query, k, int(grid[0]), policy, float(target), prefix)
+        else:
+            ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed, prefix)
+            z = policy.choose(ev, float(target))[1]
         effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
         # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)
         return ann.continue_search(self.index, self.kind, query, k, ev, effort, allowed), effort, ev.work

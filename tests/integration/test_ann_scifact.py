@@ -159,6 +159,29 @@ def test_the_per_query_effort_model_is_built_timed_and_meets_its_targets(ann_bui
         assert len({r.trace["effort"] for r in results}) > 1
 
 
+def test_the_compiled_probe_and_choice_equal_the_python_path_on_scifact(ann_build, test_queries):
+    """Each target's model as the version loads it: engine.ann.probe_and_choose gives the Python path's evidence
+    (bit for bit), candidates and effort on all 300 SciFact test queries, the index over the documents as encoded
+    and the evidence's energy read off the rotated prefix."""
+    v = IndexVersion.load(ann_build[0])
+    a = v.ann
+    Q_rot = np.ascontiguousarray(test_queries @ v.rotation.T, np.float32)
+    for target in (0.95, 0.99):
+        policy = a.policy_for(target)
+        probe = int(policy.z_grid[0])
+        assert ann.fused_applies(a.index, a.kind, policy, None)
+        chosen = []
+        for q, qr in zip(test_queries, Q_rot):
+            pre = qr[:ann.ENERGY_PREFIX]
+            ev = ann.probe(a.index, a.kind, q, 10, probe, prefix=pre)
+            z = policy.choose(ev, target)[1]
+            fev, fz = ann.probe_and_choose(a.index, a.kind, q, 10, probe, policy, target, prefix=pre)
+            np.testing.assert_array_equal(fev.vector, ev.vector)
+            assert fev.rows.tolist() == ev.rows.tolist() and fev.work == ev.work and fz == z
+            chosen.append(fz)
+        assert len(set(chosen)) > 1, target
+
+
 def test_recall_target_one_is_served_exactly_and_says_so(ann_build, test_queries):
     v = IndexVersion.load(ann_build[0])
     Q = test_queries[:20]

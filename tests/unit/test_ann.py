@@ -285,6 +285,74 @@ def test_the_per_query_effort_model_probes_chooses_and_meets_its_target(corpus):
     assert r.trace["effort"] == a.effort(0.95)
 
 
+@pytest.fixture(scope="module")
+def hnsw_policy(corpus):
+    """An HNSW index over the corpus and its per-query effort model (the trainer's table and fit)."""
+    from trainer.recall_fit import effort_table, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    table = effort_table(index, p, X, Qt, k=10)
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    return index, policy
+
+
+def test_the_compiled_probe_and_choice_equal_the_python_path(corpus, hnsw_policy):
+    """engine.ann.probe_and_choose (faiss's probe, then adawidth._effort in one call) gives the Python path's
+    evidence to the last bit, its candidates and its chosen effort, query by query, at both targets; a filtered
+    request or a model over other features keeps the Python path."""
+    X, Qt, Qe = corpus
+    index, policy = hnsw_policy
+    assert ann.fused_applies(index, "hnsw", policy, None)
+    assert not ann.fused_applies(index, "hnsw", policy, np.ones(len(X), bool))
+    probe = int(policy.z_grid[0])
+    for target in (0.95, 0.99):
+        chosen = []
+        for q in Qe:
+            ev = ann.probe(index, "hnsw", q, 10, probe)
+            z = policy.choose(ev, target)[1]
+            fev, fz = ann.probe_and_choose(index, "hnsw", q, 10, probe, policy, target)
+            np.testing.assert_array_equal(fev.vector, ev.vector)  # bit for bit, NaN where the Python path has NaN
+            assert fev.rows.tolist() == ev.rows.tolist() and fev.scores.tolist() == ev.scores.tolist()
+            assert fev.work == ev.work and fev.effort == ev.effort and fz == z
+            chosen.append(fz)
+        assert len(set(chosen)) > 1  # chosen per query
+    # a target no confidence meets on the calibration queries: exact, as RecallPolicy.choose says
+    assert ann.probe_and_choose(index, "hnsw", Qe[0], 10, probe, policy, 1.0)[1] is None
+
+
+def test_the_compiled_choice_hands_answers_that_need_ranking_back_to_python():
+    """adawidth._effort.probe_choice returns -2 (the Python path ranks the answer) for tied scores, a row twice
+    or a -1 before a label, and counts the candidates before faiss's -1 padding."""
+    from adawidth import _effort
+
+    one = np.zeros(1, np.int32)  # a one-leaf forest: every row scores 1.0
+    forest = (np.zeros(0, np.int32), np.zeros(0), one[:0], one[:0], one[:0], np.array([~0], np.int32),
+              np.array([1.0]))
+    F = len(ann.EFFORT_FEATURES)
+    prefix = np.full(64, 0.125, np.float32)
+    z = np.array([10.0, 20.0])
+
+    def call(D, I, bar=0.5):
+        v = np.empty(F)
+        j, n = _effort.probe_choice(*forest, F + 1, np.asarray(D, np.float32), np.asarray(I, np.int64), 7.0,
+                                    prefix, z, bar, False, v)
+        return j, n, v
+
+    j, n, v = call([0.9, 0.8, 0.0], [5, 3, -1])
+    assert (j, n) == (0, 2) and v[6] == 2 and v[7] == 7.0 and v[0] == np.float32(0.9) and v[9] == 64 * 0.125 ** 2
+    assert np.isnan(v[10:]).all()
+    assert call([0.9, 0.8, 0.7], [5, 3, 1], bar=2.0)[0] == -1  # nothing clears the bar
+    assert call([0.9, 0.9, 0.7], [5, 3, 1])[0] == -2  # a tie
+    assert call([0.9, 0.8, 0.7], [5, 5, 1])[0] == -2  # a row twice
+    assert call([0.9, 0.0, 0.7], [5, -1, 1])[0] == -2  # a label after the padding
+    with pytest.raises(ValueError):
+        call([0.9], [5, 3])
+
+
 def test_merging_a_probe_into_its_continuation_ranks_the_union_with_or_without_the_shortcut():
     """merge_with_probe skips the concatenation when the continuation already holds every probe candidate; both
     ways give the best k of the union, a row found twice counted once, ties by the lower row."""
@@ -299,23 +367,16 @@ def test_merging_a_probe_into_its_continuation_ranks_the_union_with_or_without_t
     np.testing.assert_allclose(got.scores, [0.9, 0.85, 0.8, 0.8], rtol=1e-6)
 
 
-def test_the_effort_models_rows_are_the_evidence_beside_each_effort_in_any_feature_order(corpus):
+def test_the_effort_models_rows_are_the_evidence_beside_each_effort_in_any_feature_order(corpus, hnsw_policy):
     """RecallPolicy._rows: the evidence in the model's own order goes in as it is; another order (or a feature
     the evidence lacks, NaN) is gathered by name; both give the same prediction."""
-    from trainer.recall_fit import effort_table, fit_recall_policy
-    from engine.recall import RecallPolicy
-
     X, Qt, Qe = corpus
-    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
-    index = ann.build_index(X, p)
-    table = effort_table(index, p, X, Qt, k=10)
-    booster, oof = fit_recall_policy(table)
-    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    index, policy = hnsw_policy
     ev = ann.probe(index, "hnsw", Qe[0], 10, 10)
     rows = policy._rows(ev)
-    assert rows.shape == (len(table.z_grid), len(ann.EFFORT_FEATURES) + 1)
+    assert rows.shape == (len(policy.z_grid), len(ann.EFFORT_FEATURES) + 1)
     np.testing.assert_array_equal(rows[:, :-1], np.broadcast_to(ev.vector, rows[:, :-1].shape))
-    np.testing.assert_array_equal(rows[:, -1], table.z_grid)
+    np.testing.assert_array_equal(rows[:, -1], policy.z_grid)
 
     class Reordered:  # the same evidence, its features reversed and the last one missing
         def features(self, k):
