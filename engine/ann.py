@@ -523,15 +523,22 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
         p = faiss.SearchParametersHNSW()
         p.efSearch = ef
         p.sel = _selector(allowed)
+    D, I, ndis = _hnsw_search(index, q, k, p)
+    rows, scores = _hits(index, q, D, I)
+    return AnnHits(rows, ndis * d, scores=scores)
+
+
+def _hnsw_search(index: faiss.Index, q: np.ndarray, k: int, params) -> tuple[np.ndarray, np.ndarray, int]:
+    """faiss's C++ HNSW search of one query ((1, D) float32) with its search parameters: (1, k) float32
+    distances, (1, k) int64 labels (-1 pads a short answer) and the distance computations it made (faiss's global
+    statistics, so approximate under concurrent searches).  faiss's Python wrapper re-checks and re-allocates on
+    every call; this does not."""
     stats = faiss.cvar.hnsw_stats
     before = int(stats.ndis)
     D = np.empty((1, int(k)), np.float32)
     I = np.empty((1, int(k)), np.int64)
-    # the C++ search itself: faiss's Python wrapper re-checks and re-allocates on every call
-    index.search_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(D), faiss.swig_ptr(I), p)
-    work = max(int(stats.ndis) - before, 0) * d
-    rows, scores = _hits(index, q, D, I)
-    return AnnHits(rows, int(work), scores=scores)
+    index.search_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(D), faiss.swig_ptr(I), params)
+    return D, I, max(int(stats.ndis) - before, 0)
 
 
 _HNSW_PARAMS: dict[int, faiss.SearchParametersHNSW] = {}
@@ -676,7 +683,7 @@ def fused_applies(index: faiss.Index, kind: str, policy, allowed: np.ndarray | N
     centroids, no metric conversion), unfiltered, under a model whose features are :data:`EFFORT_FEATURES` in
     order, then its z (every version's effort model)."""
     return (not kind.startswith("ivf") and allowed is None and index.metric_type == faiss.METRIC_INNER_PRODUCT
-            and tuple(policy.feature_names) == EFFORT_FEATURES and policy.forest is not None
+            and tuple(policy.feature_names) == EFFORT_FEATURES
             and policy.forest.n_features == len(EFFORT_FEATURES) + 1)
 
 
@@ -707,12 +714,7 @@ def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, e
         return probe(index, kind, query, k, effort, None, prefix), None
     q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
     d = q.shape[1]
-    stats = faiss.cvar.hnsw_stats
-    before = int(stats.ndis)
-    D = np.empty((1, int(k)), np.float32)
-    I = np.empty((1, int(k)), np.int64)
-    index.search_c(1, faiss.swig_ptr(q), int(k), faiss.swig_ptr(D), faiss.swig_ptr(I), _hnsw_params(max(effort, k)))
-    ndis = max(int(stats.ndis) - before, 0)
+    D, I, ndis = _hnsw_search(index, q, k, _hnsw_params(int(max(effort, k))))
     pre = q[0] if prefix is None else np.ascontiguousarray(prefix, dtype=np.float32)
     f = policy.forest
     v = np.empty(len(EFFORT_FEATURES), np.float64)
