@@ -23,7 +23,7 @@ export TRANSFORMERS_OFFLINE := 1
 # the adapter).  torch is pinned and installed first: an unpinned torch pulled in by sentence-transformers
 # would be a multi-GB CUDA build.
 # setup.py builds the compiled kernel (adawidth/_levelscan.c, needs gcc and the Python headers) in place.
-$(BIN)/.installed-demo: pyproject.toml setup.py adawidth/_levelscan.c adawidth/_forest.c adawidth/_effort.c adawidth/_forest_eval.h
+$(BIN)/.installed-demo: pyproject.toml setup.py adawidth/_levelscan.c adawidth/_forest.c adawidth/_effort.c adawidth/_hnsw.c adawidth/_forest_eval.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0

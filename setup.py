@@ -5,6 +5,7 @@ CPython buffer protocol, no numpy headers).  It picks AVX-512F or AVX2+FMA+F16C 
 falls back to portable C elsewhere, so one build runs on any x86-64 and builds on aarch64.
 ``adawidth._forest`` predicts a flattened LightGBM regression forest for a few rows (:mod:`adawidth.forest`).
 ``adawidth._effort`` chooses an ANN query's effort from its probe's answer in one call (:func:`engine.ann.probe_and_choose`).
+``adawidth._hnsw`` searches a faiss HNSW graph and resumes the search at a wider beam (:class:`engine.ann.ResumableHnsw`).
 ``-ffp-contract=off`` keeps the portable path's float arithmetic exactly as written (no fused multiply-adds
 that the SIMD paths do not also make), so a row's score does not depend on the compiler's contraction choices.
 """
@@ -23,5 +24,7 @@ setup(
                   extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"]),
         Extension("adawidth._effort", sources=["adawidth/_effort.c"], depends=["adawidth/_forest_eval.h"],
                   extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing"]),
+        Extension("adawidth._hnsw", sources=["adawidth/_hnsw.c"],
+                  extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"]),
     ]
 )

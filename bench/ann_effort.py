@@ -11,8 +11,8 @@ the script reports
 * the **fixed** curve: recall@10 against exhaustive search, mean and median multiply-adds, per effort
   (one effort for every query, no probe);
 * the **per-query** curve: the same per bar τ (the cheapest effort predicted to reach τ, searched on from the
-  probe as served, :func:`engine.ann.continue_search`: IVF resumes the probe's lists, HNSW searches again; the
-  probe's work included);
+  probe as served, :func:`engine.ann.continue_search`: IVF resumes the probe's lists, HNSW its search
+  (:class:`engine.ann.ResumableHnsw`); the probe's work included);
 * per curve point of the per-query policy, the fixed effort's median work at the same recall (linear
   interpolation of the fixed curve) and the ratio: the p50 saving the issue asks >= 25 % of.
 

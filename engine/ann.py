@@ -24,6 +24,13 @@ place of ``hnsw`` (docs/SCALING.md).  On an Intel Xeon it was slower than ``hnsw
 faiss's float32 one's p50 at 0.99, two runs): the bytes are saved everywhere, the time only on some machines.  Its scores are inner products with the float16-rounded documents (relative error
 of a coordinate at most 2^-11).
 
+An unfiltered inner-product HNSW (``hnsw``, ``hnsw_fp16``: :data:`RESUMABLE_KINDS`) is searched by
+:class:`ResumableHnsw` (``adawidth/_hnsw.c``): faiss's own beam search over faiss's own graph and vectors, read in
+place, that keeps its state, so the per-query effort model's continuation goes on from the probe instead of
+searching again, and without faiss's per-call setup (a visited table of N bytes zeroed per search).  On debdocs'
+221,170 passages (float16, one thread, an Intel Xeon) it found faiss's candidates with faiss's distance count at
+every efSearch tried, at 0.37x faiss's time a call at efSearch 16 and 0.80x at 516.
+
 Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
 adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
 
@@ -54,12 +61,13 @@ raising :class:`MemoryBudgetError` with the bytes needed otherwise.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
 
-from adawidth import _effort
+from adawidth import _effort, _hnsw
 from adawidth.prefix import top_k
 
 ANN_KINDS = ("ivf", "hnsw", "ivf_panorama", "hnsw_panorama", "hnsw_fp16")
@@ -507,6 +515,10 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
 
     Returns:
         :class:`AnnHits`.
+
+    An unfiltered inner-product HNSW (:data:`RESUMABLE_KINDS`) is searched by :class:`ResumableHnsw` (faiss's
+    beam search over faiss's graph, without its per-call visited table: the same recall@10 at every efSearch on
+    SciFact, ``tests/unit/test_ann.py``); a filtered one, and the other kinds, by faiss.
     """
     q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
     d = q.shape[1]
@@ -518,6 +530,11 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
                        ca[0].astype(np.int64) if centroids else None, hits.scores)
     ef = int(max(effort, k))
     if allowed is None:
+        g = graph_of(index)
+        if g is not None:  # our search over faiss's graph: the same beam search without faiss's per-call setup
+            D, I, ndis = ResumableHnsw(g, q[0], k).run(ef)
+            rows, scores = _hits(index, q, D[None], I[None])
+            return AnnHits(rows, ndis * d, scores=scores)
         p = _hnsw_params(ef)
     else:
         p = faiss.SearchParametersHNSW()
@@ -554,6 +571,79 @@ def _hnsw_params(ef: int) -> faiss.SearchParametersHNSW:
         p.efSearch = ef
         _HNSW_PARAMS[ef] = p
     return p
+
+
+RESUMABLE_KINDS = ("hnsw", "hnsw_fp16")
+"""Kinds :class:`ResumableHnsw` searches: inner-product HNSW over float32 or float16 vectors (faiss's storage read in
+place).  ``hnsw_panorama`` (L2, its own level store) keeps faiss's search."""
+
+
+def resumable_graph(index: faiss.Index):
+    """``adawidth._hnsw.Graph``: views, without copies, of an inner-product ``IndexHNSWFlat``'s or fp16
+    ``IndexHNSWSQ``'s graph (neighbours, offsets, levels, neighbours per level, entry point) and vectors, made once
+    (the caller keeps it: :class:`engine.stage1.AnnStage1` per version).  None for any other index.  The views read
+    faiss's own memory: the index must outlive the graph and must not grow (a version's index is read-only)."""
+    if not isinstance(index, faiss.IndexHNSW) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        return None
+    storage = faiss.downcast_index(index.storage)
+    if type(storage) is faiss.IndexFlat:
+        vectors, fp16 = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * storage.d), False
+    elif (isinstance(storage, faiss.IndexScalarQuantizer) and storage.sq.qtype == faiss.ScalarQuantizer.QT_fp16
+          and storage.code_size == 2 * storage.d):
+        vectors, fp16 = faiss.rev_swig_ptr(storage.codes.data(), storage.codes.size()), True
+    else:
+        return None
+    h = index.hnsw
+
+    def view(v):
+        return faiss.rev_swig_ptr(v.data(), v.size())
+
+    return _hnsw.Graph(view(h.neighbors), view(h.offsets), view(h.levels), view(h.cum_nneighbor_per_level), vectors,
+                       int(index.d), fp16, int(h.entry_point), int(h.max_level))
+
+
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def graph_of(index: faiss.Index):
+    """:func:`resumable_graph` of ``index``, made once per index object (held while the index lives; made again
+    if documents were added since, as faiss may have moved its arrays), or None."""
+    g = _GRAPHS.get(index)
+    if g is None or (g is not False and g.n != index.ntotal):  # new, or the index grew (faiss reallocated)
+        g = _GRAPHS[index] = resumable_graph(index) or False
+    return g or None
+
+
+class ResumableHnsw:
+    """One query's HNSW search that keeps its state, so a wider beam goes on from a narrower one instead of
+    searching again (``adawidth._hnsw``).  faiss's level-0 beam search (Malkov & Yashunin, TPAMI 2018, Alg. 2;
+    faiss ``HNSW::search``) over faiss's own graph and vectors; each :meth:`run` ends, as faiss's search does,
+    with every document of the ``ef`` closest visited ones expanded, and a wider run expands on from there.  Its
+    answer at one efSearch may differ from a fresh faiss search's in a few rows (the order of expansion differs
+    after a resume), so the per-query effort model is calibrated on this search's own answers
+    (:func:`trainer.recall_fit.effort_tables`).
+
+    Args:
+        graph: :func:`resumable_graph` of the index.
+        query: (D,) float32 unit query in the index's space.
+        k: candidates wanted (the beam is at least k wide, as faiss's).
+
+    Not thread-safe per object (one query, one thread); objects of one graph may run in parallel (the GIL is
+    released while one searches)."""
+
+    __slots__ = ("search", "k")
+
+    def __init__(self, graph, query: np.ndarray, k: int):
+        self.k = int(k)
+        self.search = _hnsw.Search(graph, np.ascontiguousarray(query, dtype=np.float32))
+
+    def run(self, ef: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Search (or go on) at beam width ``max(ef, k)``: ((k,) float32 inner products best first (higher is
+        closer; ties by the lower row), (k,) int64 rows (-1 pads a short answer), distance computations so far,
+        this query's earlier runs' included)."""
+        D = np.empty(self.k, np.float32)
+        I = np.empty(self.k, np.int64)
+        return D, I, self.search.run(int(max(ef, self.k)), D, I)
 
 
 def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -603,6 +693,10 @@ class AnnEvidence:
         centroid_lists: IVF: (nlist,) int64 every list id by its centroid's score, best first (the probe
             scanned the first ``effort``; :func:`continue_search` scans on from there); None for HNSW.
         centroid_scores: IVF: (nlist,) float32 those scores; None for HNSW.
+        state: the probe's :class:`ResumableHnsw` when the continuation goes on from it (a probe asked to resume,
+            :func:`probe`'s ``resume_grid``), else None; :func:`continue_search` advances it.
+        steps: the efforts a resumed continuation passes through on its way to the chosen one (the model's grid:
+            the path its calibration took, :func:`trainer.recall_fit.effort_tables`).
     """
 
     vector: np.ndarray
@@ -612,6 +706,8 @@ class AnnEvidence:
     effort: int = 0
     centroid_lists: np.ndarray | None = None
     centroid_scores: np.ndarray | None = None
+    state: ResumableHnsw | None = None
+    steps: tuple[int, ...] = ()
 
     @property
     def values(self) -> dict:
@@ -628,7 +724,8 @@ class AnnEvidence:
 
 
 def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
-          allowed: np.ndarray | None = None, prefix: np.ndarray | None = None) -> AnnEvidence:
+          allowed: np.ndarray | None = None, prefix: np.ndarray | None = None,
+          resume_grid=None) -> AnnEvidence:
     """Search one query ((D,) float32, unit norm, in the index's space: :func:`index_space`) at ``effort`` (the
     model grid's first) and read the evidence the per-query effort model takes (:class:`AnnEvidence`) off faiss's
     own full-width scores of its ``k`` candidates (no second scoring pass).  ``prefix``: the query's leading
@@ -636,9 +733,19 @@ def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
     index over rotated documents).  Source: LAET (Li et al., SIGMOD 2020, §4: features of the search's first
     steps, for IVF the distances to the nearest centroids, predict the termination a query needs) and DARTH
     (SIGMOD 2026: recall-targeted early termination).  :func:`probe_and_choose` is the same probe and the
-    model's choice in one compiled call, where it applies."""
-    hits = search(index, kind, query, k, effort, allowed, centroids=True)
-    return _evidence(hits, k, effort, len(query), np.asarray(query if prefix is None else prefix, np.float32))
+    model's choice in one compiled call, where it applies.  ``resume_grid``: the model's efforts (increasing) when
+    the continuation is to go on from the probe's search (:class:`ResumableHnsw`, an unfiltered inner-product
+    HNSW; the evidence's ``state``), None to search again (every other case)."""
+    pre = np.asarray(query if prefix is None else prefix, np.float32)
+    g = graph_of(index) if resume_grid is not None and allowed is None and not kind.startswith("ivf") else None
+    if g is None:
+        return _evidence(search(index, kind, query, k, effort, allowed, centroids=True), k, effort, len(query), pre)
+    state = ResumableHnsw(g, query, k)
+    D, I, ndis = state.run(effort)
+    rows, scores = _hits(index, None, D[None], I[None])
+    ev = _evidence(AnnHits(rows, ndis * len(query), scores=scores), k, effort, len(query), pre)
+    ev.state, ev.steps = state, tuple(int(e) for e in resume_grid)
+    return ev
 
 
 def _evidence(hits: AnnHits, k: int, effort: int, d: int, q: np.ndarray) -> AnnEvidence:
@@ -688,12 +795,12 @@ def fused_applies(index: faiss.Index, kind: str, policy, allowed: np.ndarray | N
 
 
 def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int, policy, target: float,
-                     prefix: np.ndarray | None = None) -> tuple[AnnEvidence, float | None]:
-    """:func:`probe` and :meth:`engine.recall.RecallPolicy.choose` of one query in two compiled calls (faiss's
+                     prefix: np.ndarray | None = None, resume: bool = False) -> tuple[AnnEvidence, float | None]:
+    """:func:`probe` and :meth:`engine.recall.RecallPolicy.choose` of one query in two compiled calls (the HNSW
     search, then ``adawidth._effort.probe_choice``: the ranking check, the evidence, the model's rows and its
     walk), where the Python path makes a dozen calls between them (about 30 µs a query warm and 110 µs with the
     caches cold on debdocs: ``bench/results/pipeline_cost``).  The same evidence to the last bit and the same
-    choice (``tests/unit/test_ann_effort_fused.py``); an answer that needs ranking (ties, duplicates) takes the
+    choice (``tests/unit/test_ann.py``); an answer that needs ranking (ties, duplicates) takes the
     Python path from faiss's answer, without a second search.
 
     Args:
@@ -704,17 +811,28 @@ def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, e
         target: the declared recall@k, < 1.
         prefix: (>= :data:`ENERGY_PREFIX`,) float32 the query's leading rotated coordinates, or None (``query``'s
             own).
+        resume: keep the probe's :class:`ResumableHnsw` state for :func:`continue_search` (the policy's grid the
+            steps), as the model of a version built with resumable searches was calibrated; False: the
+            continuation searches again.  The probe itself is :class:`ResumableHnsw`'s either way (as
+            :func:`search`'s), faiss's search for an index it cannot read.
 
     Returns:
         (the probe's :class:`AnnEvidence`, the chosen effort as the policy's z, or None when the policy serves
         the target exactly: :meth:`engine.recall.RecallPolicy.choose`'s ``exact``).
     """
     bar = policy.bar(float(target)) if target < 1.0 else None
+    g = graph_of(index)
     if bar is None:
-        return probe(index, kind, query, k, effort, None, prefix), None
+        return probe(index, kind, query, k, effort, None, prefix, policy.z_grid if resume else None), None
     q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
     d = q.shape[1]
-    D, I, ndis = _hnsw_search(index, q, k, _hnsw_params(int(max(effort, k))))
+    if g is None:
+        state = None
+        D, I, ndis = _hnsw_search(index, q, k, _hnsw_params(int(max(effort, k))))
+    else:
+        state = ResumableHnsw(g, q[0], k)
+        D, I, ndis = state.run(effort)
+        D, I = D[None], I[None]
     pre = q[0] if prefix is None else np.ascontiguousarray(prefix, dtype=np.float32)
     f = policy.forest
     v = np.empty(len(EFFORT_FEATURES), np.float64)
@@ -723,10 +841,14 @@ def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, e
     if j == -2:  # an answer to rank (engine.ann.ranked): the Python path on faiss's answer
         rows, scores = _hits(index, q, D, I)
         ev = _evidence(AnnHits(rows, ndis * d, scores=scores), k, effort, d, pre)
-        return ev, policy.choose(ev, float(target))[1]
-    z = policy.z_grid
-    ev = AnnEvidence(v, I[0, :n], D[0, :n].astype(np.float64), ndis * d, int(effort))
-    return ev, float(z[j if j >= 0 else len(z) - 1])
+        z = policy.choose(ev, float(target))[1]
+    else:
+        grid = policy.z_grid
+        ev = AnnEvidence(v, I[0, :n].copy(), D[0, :n].astype(np.float64), ndis * d, int(effort))
+        z = float(grid[j if j >= 0 else len(grid) - 1])
+    if state is not None and resume:
+        ev.state, ev.steps = state, tuple(int(e) for e in policy.z_grid)
+    return ev, z
 
 
 def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev: AnnEvidence, effort: int,
@@ -734,8 +856,10 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
     """The candidates of one query at ``effort`` after its probe ``ev`` (:func:`probe`), the probe's work included.
 
     IVF resumes the probe: it scans only the lists after the probe's, in the probe's centroid order (no second
-    quantizer pass, no list scanned twice), so a query served at nprobe p costs what a search at p costs.  HNSW
-    cannot resume (faiss keeps no search state), so it searches again at ``effort`` and pays the probe on top.
+    quantizer pass, no list scanned twice), so a query served at nprobe p costs what a search at p costs.  An HNSW
+    probe made with :class:`ResumableHnsw` (``ev.state``) resumes too: its beam widens through ``ev.steps`` up to
+    ``effort`` (the path the model's calibration took) and expands on from the probe's state.  Otherwise
+    (faiss keeps no search state) HNSW searches again at ``effort`` and pays the probe on top.
     The candidates are the best ``k`` of the probe's and the new search's together, by faiss's full-width scores;
     at an effort no larger than the probe's they are the probe's own.
 
@@ -752,6 +876,13 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
     """
     if int(effort) <= ev.effort:
         return AnnHits(ev.rows, ev.work, scores=ev.scores)
+    if ev.state is not None:
+        for e in ev.steps:
+            if ev.effort < e < effort:
+                ev.state.search.run(int(max(e, k)), None, None)
+        D, I, ndis = ev.state.run(effort)
+        rows, scores = _hits(index, None, D[None], I[None])
+        return AnnHits(rows, ndis * len(query), scores=scores)
     if kind.startswith("ivf") and ev.centroid_lists is not None:
         hi = int(min(effort, len(ev.centroid_lists)))
         hits = scan_lists(index, query, k, ev.centroid_lists[ev.effort:hi], ev.centroid_scores[ev.effort:hi],
@@ -909,12 +1040,13 @@ def probe_candidates(params: AnnParams, curve: list[dict], margin_share: float =
 
     HNSW: grid efforts from the cheapest up to the tuned effort of the lowest default target (:func:`effort_for`;
     the whole grid's first :data:`PROBE_CANDIDATES` when none is tuned), at most :data:`PROBE_CANDIDATES` of
-    them spread evenly over the grid's positions.  HNSW cannot resume a search, so a query the probe does not
-    settle pays the probe again on top of its continuation; a probe near the cheapest target's effort settles
-    more queries at the probe itself, which is what a p50 rewards.  On debdocs' 221,170 passages one probe for
-    both targets went from efSearch 10 to 40: the median calibrated work at 0.95 fell 32 % and rose 19 % at 0.99,
-    and the measured per-query p50 at 0.95 went from 1.15x the fixed effort's to 0.93-0.97x (docs/SCALING.md);
-    hence one probe per target.
+    them spread evenly over the grid's positions.  Where HNSW cannot resume a search (faiss's search: versions
+    built before :class:`ResumableHnsw`), a query the probe does not settle pays the probe again on top of its
+    continuation, and a probe near the cheapest target's effort settles more queries at the probe itself, which
+    is what a p50 rewards.  On debdocs' 221,170 passages one probe for both targets went from efSearch 10 to 40:
+    the median calibrated work at 0.95 fell 32 % and rose 19 % at 0.99, and the measured per-query p50 at 0.95 went
+    from 1.15x the fixed effort's to 0.93-0.97x (docs/SCALING.md); hence one probe per target.  A resumed probe
+    costs nothing twice, and the build's median work picks among the same candidates.
     IVF resumes its probe (:func:`continue_search`), so the probe costs nothing twice: the grid's cheapest only.
     """
     grid = effort_grid(params)

@@ -233,7 +233,7 @@ class IndexVersion:
                         by_target = {float(t): p for m, p in zip(models, policies) for t in m.section.targets}
                 version.ann = AnnStage1(got[0], got[1], a.curve, a.margin_share, a.bytes_per_document,
                                         effort_policy=effort, model_targets=targets, target_policies=by_target,
-                                        space=a.space)
+                                        space=a.space, resumable=a.search == "resumable")
         return version
 
     @classmethod

@@ -431,6 +431,11 @@ class AnnStage1:
         space: what the index holds (:data:`engine.ann.INDEX_SPACES`): ``rotated`` documents, searched with the
             rotated query, or the documents as encoded (``embedding``), searched with the query embedding, the
             rotation read only for the effort model's evidence (:func:`engine.ann.index_space`).
+        fused_choice: the probe's evidence and the model's choice in one compiled call where it applies
+            (:func:`engine.ann.probe_and_choose`); False: the Python path (comparisons).
+        resumable: an unfiltered HNSW's continuation goes on from the probe's search through the model's grid
+            (:class:`engine.ann.ResumableHnsw`), as a version built with ``manifest.ann.search = "resumable"``
+            was calibrated; False: searches again with faiss and merges the probe (versions built before).
 
     Raises:
         ValueError: an unknown ``space``.
@@ -439,7 +444,8 @@ class AnnStage1:
     def __init__(self, index, params: ann.AnnParams, curve: list[dict], margin_share: float = 0.25,
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
                  effort_policy=None, model_targets: dict[float, bool] | None = None,
-                 target_policies: dict | None = None, space: str = "rotated", fused_choice: bool = True):
+                 target_policies: dict | None = None, space: str = "rotated", fused_choice: bool = True,
+                 resumable: bool = True):
         if space not in ann.INDEX_SPACES:
             raise ValueError(f"ANN index space must be one of {ann.INDEX_SPACES}, got {space!r}")
         self.index, self.params, self.kind, self.space = index, params, params.kind, space
@@ -450,6 +456,8 @@ class AnnStage1:
         self.min_allowed_share = float(min_allowed_share)
         self._efforts: dict[float, int | None] = {}
         self.fused_choice = bool(fused_choice)  # False: the Python probe and choice always (comparisons)
+        # HNSW: the continuation goes on from the probe's search (ann.ResumableHnsw), as the model was calibrated
+        self.resumable = bool(resumable) and self.kind in ann.RESUMABLE_KINDS
         self._fused: dict[int, bool] = {}  # id(policy) -> ann.fused_applies, unfiltered
         self.effort_policy = effort_policy
         self.model_targets = None if model_targets is None else {float(t): bool(u) for t, u in model_targets.items()}
@@ -523,13 +531,15 @@ class AnnStage1:
         fused = self._fused.get(id(policy)) if allowed is None and self.fused_choice else False
         if fused is None:
             fused = self._fused[id(policy)] = ann.fused_applies(self.index, self.kind, policy, None)
-        if fused:  # faiss's probe, then one compiled call to the chosen effort
-            ev, z = ann.probe_and_choose(self.index, self.kind, query, k, int(grid[0]), policy, float(target), prefix)
+        if fused:  # the probe, then one compiled call to the chosen effort
+            ev, z = ann.probe_and_choose(self.index, self.kind, query, k, int(grid[0]), policy, float(target), prefix,
+                                         resume=self.resumable)
         else:
-            ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed, prefix)
+            ev = ann.probe(self.index, self.kind, query, k, int(grid[0]), allowed, prefix,
+                           resume_grid=grid if self.resumable and allowed is None else None)
             z = policy.choose(ev, float(target))[1]
         effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
-        # IVF resumes the probe (the lists after its own); HNSW searches again (ann.continue_search)
+        # IVF and a resumable HNSW go on from the probe; faiss's HNSW searches again (ann.continue_search)
         return ann.continue_search(self.index, self.kind, query, k, ev, effort, allowed), effort, ev.work
 
     def search(self, query: np.ndarray, k: int, effort: int, allowed: np.ndarray | None = None) -> ann.AnnHits:

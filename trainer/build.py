@@ -601,7 +601,8 @@ def _ann(ctx: BuildContext) -> None:
                                 refine_for=tuple(ann.goal(t, margin) for t in ann.DEFAULT_TARGETS))
     targets = {f"{t:g}": ann.effort_for(curve, t, margin) for t in ann.DEFAULT_TARGETS}
     ctx.ann = {"index": index, "params": params, "curve": curve, "X": X_ann,
-               "section": {"space": space, "targets": targets, "margin_share": margin, "tuning_source": source,
+               "section": {"space": space, "search": "resumable" if kind in ann.RESUMABLE_KINDS else "faiss",
+                           "targets": targets, "margin_share": margin, "tuning_source": source,
                            "tuning_queries": int(len(Q_rot)), "bytes_per_document": ctx.backend.bytes_per_document,
                            "pseudo_queries": pseudo.record if pseudo is not None else None}}
     log.info("ann %s: %s; served efforts %s", kind, params.as_dict(), targets)

@@ -166,19 +166,23 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
 
 def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
                   truth: np.ndarray | None = None, efforts=None, probes=None,
-                  prefixes: np.ndarray | None = None) -> dict[int, RecallTable]:
+                  prefixes: np.ndarray | None = None, resumable: bool = True) -> dict[int, RecallTable]:
     """:func:`effort_table` for several probe efforts at once: per probe p, the table over the efforts of the
     grid from p on (p first), each as served (:func:`engine.ann.continue_search`).
 
-    HNSW's continuation is a fresh search merged with the probe's candidates
-    (:func:`engine.ann.merge_with_probe`), so each query is searched once per effort of the grid and probed once
-    per probe, and every probe's table is reassembled from those searches: the same rows, scores and work as
-    :func:`engine.ann.continue_search`.  IVF resumes its probe's lists, which depends on the probe: it runs
+    An inner-product HNSW (:data:`engine.ann.RESUMABLE_KINDS`) with ``resumable`` resumes its probe
+    (:class:`engine.ann.ResumableHnsw`): per probe, one search per query widened through the grid, each effort's
+    answer the one :func:`engine.ann.continue_search` serves (it passes through the same efforts).  Otherwise
+    HNSW's continuation is a fresh search merged with the probe's candidates (:func:`engine.ann.merge_with_probe`),
+    so each query is searched once per effort of the grid and probed once per probe, and every probe's table is
+    reassembled from those searches.  IVF resumes its probe's lists, which depends on the probe: it runs
     :func:`engine.ann.continue_search` per probe.
 
     Args:
         efforts: the grid, increasing (default :func:`engine.ann.effort_grid`).
         probes: probe efforts, each on the grid (default its first).
+        resumable: HNSW resumes its probe (as versions built since 2026-12-07 serve); False: faiss's fresh
+            searches (the earlier versions' calibration).
         (the rest as :func:`effort_table`)
 
     Returns:
@@ -198,13 +202,15 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
     rec = {p: np.zeros((Q, len(efforts) - start[p])) for p in probes}
     work = {p: np.zeros((Q, len(efforts) - start[p]), dtype=np.int64) for p in probes}
     feats = {p: [] for p in probes}
-    resumes = not params.kind.startswith("hnsw")
+    resumable = resumable and params.kind in ann.RESUMABLE_KINDS
+    resumes = resumable or not params.kind.startswith("hnsw")
     first = min(start.values()) + 1
     for i, q in enumerate(Q_rot):
         t = set(truth[i].tolist())
         fresh = {} if resumes else {e: ann.search(index, params.kind, q, k, e) for e in efforts[first:]}
         for p in probes:
-            ev = ann.probe(index, params.kind, q, k, p, prefix=None if prefixes is None else prefixes[i])
+            ev = ann.probe(index, params.kind, q, k, p, prefix=None if prefixes is None else prefixes[i],
+                           resume_grid=efforts if resumable else None)
             feats[p].append(ev.vector)
             for j, e in enumerate(efforts[start[p]:]):
                 if j == 0:
@@ -275,7 +281,8 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
                       truth: np.ndarray | None = None, margin_share: float = 0.0,
                       targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
                       rule_share: float = 0.25, folds: int = 4, seed: int = 0,
-                      cap: float = ann.MODEL_EFFORT_CAP, prefixes: np.ndarray | None = None) -> list[EffortFit]:
+                      cap: float = ann.MODEL_EFFORT_CAP, prefixes: np.ndarray | None = None,
+                      resumable: bool = True) -> list[EffortFit]:
     """The per-query effort models, each with the probe effort its targets chose on the calibration queries
     (issue 19).
 
@@ -287,11 +294,12 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
     ``rule_share``).  Each target takes the probe where that median is lowest; targets taking the same probe
     share one model, refitted on all queries.  A median because the issue's target is a p50; work (distance
     computations x D) because it is what one thread's latency follows and it does not move with a shared
-    machine's load.  Per target because the best probe moves with it: HNSW cannot resume a search, so a probe
-    near a low target's effort settles most of its queries, while a high target's queries mostly search again
-    and pay the probe twice (debdocs' 221,170 passages, one model: efSearch 40 had the lowest
-    geometric mean, but its median work at 0.99 was 19 % above probe 10's, docs/SCALING.md).  ``X_rot``,
-    ``Q_rot`` and ``prefixes`` as :func:`effort_table`.
+    machine's load.  Per target because the best probe moves with it: where HNSW cannot resume a search
+    (``resumable`` False, faiss's search), a probe near a low target's effort settles most of its queries, while a
+    high target's queries mostly search again and pay the probe twice (debdocs' 221,170 passages, one model:
+    efSearch 40 had the lowest geometric mean, but its median work at 0.99 was 19 % above probe 10's,
+    docs/SCALING.md).  ``X_rot``, ``Q_rot`` and ``prefixes`` as :func:`effort_table`; ``resumable`` as
+    :func:`effort_tables`.
 
     Returns:
         The models, by their lowest target (each target of ``targets`` in exactly one).
@@ -306,7 +314,7 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
     probes = ann.probe_candidates(params, curve, margin_share)
     grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share, cap=cap)) | set(probes)))
     tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes,
-                           prefixes=prefixes)
+                           prefixes=prefixes, resumable=resumable)
     report, oofs = {}, {}
     for p, table in tables.items():
         oofs[p] = _oof(table, folds, seed)

@@ -308,6 +308,11 @@ class AnnSection(_Section):
         "rotated", description="What the index holds: the rotated documents (searched with the rotated query), or "
                                "the documents as encoded (searched with the query embedding; engine.ann.index_space). "
                                "Versions built before 2026-12-06: rotated.")
+    search: Literal["faiss", "resumable"] = Field(
+        "faiss", description="How the per-query effort model's continuation searches an HNSW: 'resumable' goes on "
+                             "from the probe's state through the grid's efforts (engine.ann.ResumableHnsw, what its "
+                             "model was calibrated on); 'faiss' searches again and merges the probe (versions "
+                             "built before 2026-12-07, and kinds it does not serve).")
     faiss_class: str = Field(description="The faiss index class (IndexIVFFlat, IndexHNSWFlat, ...).")
     metric: str = Field(description="inner product, or L2 (hnsw_panorama; the same ranking on unit vectors).")
     file: str = "ann.faiss"

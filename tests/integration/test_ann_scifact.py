@@ -81,6 +81,7 @@ def test_build_and_load_round_trip(ann_build):
     v = IndexVersion.load(path)
     assert v.ann is not None and v.ann.kind == KIND and v.ann.index.ntotal == v.size == 5183
     assert v.ann.space == "embedding"
+    assert m.ann.search == "resumable" and v.ann.resumable  # its effort model was calibrated on resumed searches
     first = np.zeros((1, v.dimension), np.float32)
     v.ann.index.reconstruct_n(0, 1, first)  # the first document as encoded, not rotated (float16-rounded)
     np.testing.assert_allclose(first[0] @ v.rotation.T, v.docs[0], atol=2e-3)
@@ -211,6 +212,34 @@ def test_a_version_without_the_ann_section_still_loads(ann_build, tmp_path):
     assert v.ann is None and v.stage1_backend == "flat" and v.backend_report()["backend"] == "flat"
     r = Pipeline().search(v, [SearchSpec(query="q", k=10, width="full")], embeddings=np.asarray(v.docs[:1]) @ v.rotation)[0]
     assert r.rows[0] == 0 and r.trace["stage1_backend"] == "flat"
+
+
+def test_a_version_built_before_the_resumable_search_keeps_its_calibration_s_path(ann_build, test_queries,
+                                                                                    tmp_path):
+    """A manifest without ``ann.search`` (built before 2026-12-07, its effort model calibrated on faiss's fresh
+    searches) is served that way: the continuation searches again (its work is a probe plus a fresh search) and
+    the candidates are the same documents' best."""
+    path = ann_build[0]
+    old = tmp_path / path.name
+    shutil.copytree(path, old)
+    raw = json.loads((old / "manifest.json").read_text())
+    raw["ann"].pop("search")
+    (old / "manifest.json").write_text(json.dumps(raw))
+    assert read_manifest(old).ann.search == "faiss"
+    then, now = IndexVersion.load(old), IndexVersion.load(path)
+    assert not then.ann.resumable and now.ann.resumable
+    policy = now.ann.policy_for(0.99)
+    grid = policy.z_grid
+    wider = int(grid[min(3, len(grid) - 1)])
+    for q in test_queries[:20]:
+        ev = ann.probe(then.ann.index, KIND, q, 10, int(grid[0]), prefix=q[:ann.ENERGY_PREFIX])
+        assert ev.state is None
+        again = ann.continue_search(then.ann.index, KIND, q, 10, ev, wider)
+        fresh = ann.search(then.ann.index, KIND, q, 10, wider)
+        assert again.work == ev.work + fresh.work
+        ev2 = ann.probe(now.ann.index, KIND, q, 10, int(grid[0]), prefix=q[:ann.ENERGY_PREFIX], resume_grid=grid)
+        resumed = ann.continue_search(now.ann.index, KIND, q, 10, ev2, wider)
+        assert resumed.work < again.work
 
 
 def test_the_gateway_reports_the_backend_and_serves_an_unmeetable_target_exactly(ann_home):

@@ -623,3 +623,95 @@ def test_an_index_over_the_documents_as_encoded_serves_the_embedding_and_rotates
     assert reach(plan, fixed) == 0  # one tuned effort: no evidence, nothing rotated
     r = Pipeline().search(fixed, [spec], embeddings=Qe[:1])[0]
     assert r.rows.tolist() == ann.search(index, "hnsw", Qe[0], 10, fixed.ann.effort(0.95)).rows.tolist()
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "hnsw_fp16"])
+def test_the_resumable_search_is_faiss_s_beam_search(corpus, kind):
+    """engine.ann.ResumableHnsw over faiss's own graph and vectors finds faiss's candidates with faiss's scores and
+    distance count at every efSearch (a fresh search is the same algorithm), and a search widened from a probe
+    through the grid ends as converged as a fresh one: recall within a query in a hundred of it."""
+    import faiss
+
+    X, Qt, Qe = corpus
+    p = ann.default_params(kind, len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    g = ann.graph_of(index)
+    assert g is not None and ann.graph_of(index) is g  # made once per index
+    truth = ann.exhaustive_top_k(X, Qe)
+    for ef in (10, 24, 64):
+        ours, theirs, resumed, same = [], [], [], 0
+        for q in Qe:
+            D, I, ndis = ann.ResumableHnsw(g, q, 10).run(ef)
+            fd, fi, fn = ann._hnsw_search(index, q[None], 10, ann._hnsw_params(ef))
+            ours.append(I)
+            theirs.append(fi[0])
+            same += I.tolist() == fi[0].tolist() and ndis == fn
+            np.testing.assert_allclose(D[I >= 0], fd[0][fi[0] >= 0], rtol=0, atol=1e-5)
+            s = ann.ResumableHnsw(g, q, 10)
+            s.run(10)
+            for e in (16, ef):
+                s.run(e)
+            resumed.append(s.run(ef)[1])
+        assert same >= 0.97 * len(Qe)  # the rest differ by float rounding of a near tie
+        r_ours, r_theirs = ann.recall_at(ours, truth).mean(), ann.recall_at(theirs, truth).mean()
+        assert abs(r_ours - r_theirs) <= 0.005
+        assert ann.recall_at(resumed, truth).mean() >= r_ours - 0.01
+    # the served search of an unfiltered HNSW is this one; a filtered one is faiss's
+    hits = ann.search(index, kind, Qe[0], 10, 24)
+    assert hits.rows.tolist() == ann.ResumableHnsw(g, Qe[0], 10).run(24)[1].tolist()
+    assert ann.resumable_graph(faiss.IndexFlatIP(32)) is None
+
+
+def test_the_resumable_search_keeps_its_state_and_rejects_bad_input(corpus):
+    """A widened search never loses a candidate it had (its beam only improves), counts every distance once over
+    its runs, answers a narrower ef from its state without searching, pads a short answer with -1; interleaved
+    searches of one graph do not disturb each other (each takes a visited table of its own); bad shapes raise."""
+    from adawidth import _hnsw
+
+    X, _, Qe = corpus
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    g = ann.graph_of(index)
+    a, b = ann.ResumableHnsw(g, Qe[0], 10), ann.ResumableHnsw(g, Qe[1], 10)
+    Da, Ia, na = a.run(16)
+    Db, Ib, nb = b.run(16)
+    Da2, Ia2, na2 = a.run(64)
+    assert na2 > na and (Da2 >= Da - 1e-7).all()  # the k-th best only improves
+    assert a.run(32)[2] == na2 and a.run(32)[1].tolist() == Ia2.tolist()  # narrower: no search, same answer
+    assert ann.ResumableHnsw(g, Qe[1], 10).run(16)[1].tolist() == Ib.tolist()  # not disturbed by a's runs
+    whole = ann.ResumableHnsw(g, Qe[0], 5000)
+    D, I, _ = whole.run(5)
+    assert (I >= 0).sum() <= len(X) and (I[I < 0] == -1).all() and np.isfinite(D[I >= 0]).all()
+    with pytest.raises(ValueError):
+        _hnsw.Search(g, np.zeros(31, np.float32))
+    with pytest.raises(ValueError):
+        a.search.run(0, None, None)
+    with pytest.raises(ValueError):
+        a.search.run(16, np.zeros(10, np.float64), np.zeros(10, np.int64))
+
+
+def test_the_calibration_table_is_what_the_resumed_continuation_serves(corpus):
+    """trainer.recall_fit.effort_tables widens one resumable search per query through the grid; the served
+    path (a probe, then engine.ann.continue_search straight to the chosen effort through the same steps) finds
+    the same candidates with the same work at every effort: the model is calibrated on what it serves.  The
+    probe's work is paid once (the work at an effort is no more than a fresh search's plus the steps' slack)."""
+    from trainer.recall_fit import effort_tables
+
+    X, Qt, Qe = corpus
+    p = ann.default_params("hnsw_fp16", len(X), M=8, ef_construction=40)
+    index = ann.build_index(X, p)
+    grid = (10, 16, 24, 40, 64)
+    truth = ann.exhaustive_top_k(X, Qe[:40])
+    table = effort_tables(index, p, X, Qe[:40], truth=truth, efforts=grid, probes=(16,))[16]
+    assert table.z_grid.tolist() == [16, 24, 40, 64]
+    for i, q in enumerate(Qe[:40]):
+        for j, e in enumerate(table.z_grid):
+            ev = ann.probe(index, "hnsw_fp16", q, 10, 16, resume_grid=table.z_grid)
+            assert ev.state is not None and ev.steps == (16, 24, 40, 64)
+            hits = ann.continue_search(index, "hnsw_fp16", q, 10, ev, int(e))
+            rec = len(set(hits.rows.tolist()) & set(truth[i].tolist())) / 10
+            assert rec == table.recall[i, j] and hits.work == table.coordinates[i, j]
+            fresh = ann.search(index, "hnsw_fp16", q, 10, int(e))
+            assert hits.work <= 1.5 * fresh.work + 16 * 32 * 8  # not a probe plus a search
+    old = effort_tables(index, p, X, Qe[:40], truth=truth, efforts=grid, probes=(16,), resumable=False)[16]
+    assert (old.coordinates[:, 1:] > table.coordinates[:, 1:]).mean() > 0.9  # faiss pays the probe again
