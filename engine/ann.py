@@ -27,9 +27,9 @@ of a coordinate at most 2^-11).
 An unfiltered inner-product HNSW (``hnsw``, ``hnsw_fp16``: :data:`RESUMABLE_KINDS`) is searched by
 :class:`ResumableHnsw` (``adawidth/_hnsw.c``): faiss's own beam search over faiss's own graph and vectors, read in
 place, that keeps its state, so the per-query effort model's continuation goes on from the probe instead of
-searching again, and without faiss's per-call setup (a visited table of N bytes zeroed per search).  On debdocs'
-221,170 passages (float16, one thread, an Intel Xeon) it found faiss's candidates with faiss's distance count at
-every efSearch tried, at 0.37x faiss's time a call at efSearch 16 and 0.80x at 516.
+searching again.  On debdocs' 221,170 passages (float16, one thread, an Intel Xeon) a fresh search realised
+faiss's recall@10 with faiss's mean distance count at every efSearch tried (16, 40, 99, 516), in about faiss's
+time (0.86-1.02x its ``index.search`` p50, ``bench/results/pipeline_cost``).
 
 Panorama (arXiv 2510.00566) prunes candidates on partial distances over levels of coordinates; the PCA /
 adapter rotation puts the energy in the leading coordinates, which is what makes it prune.
@@ -531,7 +531,7 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
     ef = int(max(effort, k))
     if allowed is None:
         g = graph_of(index)
-        if g is not None:  # our search over faiss's graph: the same beam search without faiss's per-call setup
+        if g is not None:  # our search over faiss's graph: faiss's beam search (ResumableHnsw)
             D, I, ndis = ResumableHnsw(g, q[0], k).run(ef)
             rows, scores = _hits(index, q, D[None], I[None])
             return AnnHits(rows, ndis * d, scores=scores)
