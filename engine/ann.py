@@ -532,9 +532,7 @@ def search(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int
     if allowed is None:
         g = graph_of(index)
         if g is not None:  # our search over faiss's graph: faiss's beam search (ResumableHnsw)
-            D, I, ndis = ResumableHnsw(g, q[0], k).run(ef)
-            rows, scores = _hits(index, q, D[None], I[None])
-            return AnnHits(rows, ndis * d, scores=scores)
+            return ResumableHnsw(g, q[0], k).hits(ef)
         p = _hnsw_params(ef)
     else:
         p = faiss.SearchParametersHNSW()
@@ -631,10 +629,10 @@ class ResumableHnsw:
     Not thread-safe per object (one query, one thread); objects of one graph may run in parallel (the GIL is
     released while one searches)."""
 
-    __slots__ = ("search", "k")
+    __slots__ = ("search", "k", "d")
 
     def __init__(self, graph, query: np.ndarray, k: int):
-        self.k = int(k)
+        self.k, self.d = int(k), len(query)
         self.search = _hnsw.Search(graph, np.ascontiguousarray(query, dtype=np.float32))
 
     def run(self, ef: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -644,6 +642,19 @@ class ResumableHnsw:
         D = np.empty(self.k, np.float32)
         I = np.empty(self.k, np.int64)
         return D, I, self.search.run(int(max(ef, self.k)), D, I)
+
+    def hits(self, ef: int, steps=()) -> AnnHits:
+        """:meth:`run` at ``ef`` after widening through the ``steps`` (increasing efforts) between the widest run
+        so far and ``ef`` (the path the effort model's calibration took), as :class:`AnnHits`: rows without the
+        padding, scores, work = every run's distance computations x D."""
+        for e in steps:
+            if self.search.ef < max(e, self.k) < max(ef, self.k):
+                self.search.run(int(max(e, self.k)), None, None)
+        D, I, ndis = self.run(ef)
+        if len(I) and I[-1] < 0:  # a short answer, padded at its end
+            keep = I >= 0
+            D, I = D[keep], I[keep]
+        return AnnHits(I, ndis * self.d, scores=D)
 
 
 def exact_rerank(docs: np.ndarray, query: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -741,9 +752,7 @@ def probe(index: faiss.Index, kind: str, query: np.ndarray, k: int, effort: int,
     if g is None:
         return _evidence(search(index, kind, query, k, effort, allowed, centroids=True), k, effort, len(query), pre)
     state = ResumableHnsw(g, query, k)
-    D, I, ndis = state.run(effort)
-    rows, scores = _hits(index, None, D[None], I[None])
-    ev = _evidence(AnnHits(rows, ndis * len(query), scores=scores), k, effort, len(query), pre)
+    ev = _evidence(state.hits(effort), k, effort, len(query), pre)
     ev.state, ev.steps = state, tuple(int(e) for e in resume_grid)
     return ev
 
@@ -821,11 +830,11 @@ def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, e
         the target exactly: :meth:`engine.recall.RecallPolicy.choose`'s ``exact``).
     """
     bar = policy.bar(float(target)) if target < 1.0 else None
-    g = graph_of(index)
     if bar is None:
         return probe(index, kind, query, k, effort, None, prefix, policy.z_grid if resume else None), None
     q = np.ascontiguousarray(query, dtype=np.float32)[None, :]
     d = q.shape[1]
+    g = graph_of(index)
     if g is None:
         state = None
         D, I, ndis = _hnsw_search(index, q, k, _hnsw_params(int(max(effort, k))))
@@ -877,12 +886,7 @@ def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev
     if int(effort) <= ev.effort:
         return AnnHits(ev.rows, ev.work, scores=ev.scores)
     if ev.state is not None:
-        for e in ev.steps:
-            if ev.effort < e < effort:
-                ev.state.search.run(int(max(e, k)), None, None)
-        D, I, ndis = ev.state.run(effort)
-        rows, scores = _hits(index, None, D[None], I[None])
-        return AnnHits(rows, ndis * len(query), scores=scores)
+        return ev.state.hits(effort, ev.steps)
     if kind.startswith("ivf") and ev.centroid_lists is not None:
         hi = int(min(effort, len(ev.centroid_lists)))
         hits = scan_lists(index, query, k, ev.centroid_lists[ev.effort:hi], ev.centroid_scores[ev.effort:hi],
