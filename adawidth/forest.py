@@ -90,6 +90,11 @@ class Forest:
                    np.asarray(leaves, np.float64), int(dump["max_feature_idx"]) + 1,
                    tuple(dump.get("feature_names", ())), tuple(int(c) for c in dump.get("monotone_constraints") or ()))
 
+    def reads(self, column: int) -> bool:
+        """True when some split of the forest reads ``column`` (a model fitted on a column LightGBM found constant,
+        e.g. all missing, never reads it: its value at prediction time is irrelevant)."""
+        return bool(np.any(self.feature == int(column)))
+
     def increasing_in(self, column: int) -> bool:
         """True when the model was fitted non-decreasing in ``column`` (a +1 monotone constraint): rows that differ
         only there, in increasing order, score in non-decreasing order."""

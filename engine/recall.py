@@ -85,6 +85,10 @@ class RecallPolicy:
         # the model's z is its last column (recall_policy.design): monotone there, choose() bisects the grid
         self._monotone_z = self.forest.increasing_in(len(self.feature_names))
 
+    def reads(self, name: str) -> bool:
+        """True when the model's forest splits on evidence feature ``name`` (False for a name it does not have)."""
+        return name in self.feature_names and self.forest.reads(self.feature_names.index(name))
+
     @property
     def monotone_z(self) -> bool:
         """True when the model does not decrease along its last column z (choices bisect the grid)."""

@@ -459,6 +459,7 @@ class AnnStage1:
         # HNSW: the continuation goes on from the probe's search (ann.ResumableHnsw), as the model was calibrated
         self.resumable = bool(resumable) and self.kind in ann.RESUMABLE_KINDS
         self._fused: dict[int, bool] = {}  # id(policy) -> ann.fused_applies, unfiltered
+        self._prefix: dict[int, bool] = {}  # id(policy) -> it reads an energy feature (needs_prefix)
         self.effort_policy = effort_policy
         self.model_targets = None if model_targets is None else {float(t): bool(u) for t, u in model_targets.items()}
         self.target_policies = None if not target_policies else {float(t): p for t, p in target_policies.items()}
@@ -476,6 +477,19 @@ class AnnStage1:
         """The probe's effort (nprobe or efSearch) of ``target``'s per-query model, or None where no model serves
         it (:meth:`uses_model`)."""
         return int(self.policy_for(target).z_grid[0]) if self.uses_model(target) else None
+
+    def needs_prefix(self, target: float) -> bool:
+        """Whether serving ``target`` reads the query's leading rotated coordinates
+        (:data:`engine.ann.ENERGY_PREFIX`): where the per-query model serves it and splits on an energy feature
+        (a model fitted with them missing, ``trainer.recall_fit.ENERGY_FEATURES``, does not: its versions skip
+        the rotation, the evidence's energies then read the query itself and no split reads them)."""
+        if not self.uses_model(target):
+            return False
+        policy = self.policy_for(target)
+        out = self._prefix.get(id(policy))
+        if out is None:
+            out = self._prefix[id(policy)] = policy.reads("energy16") or policy.reads("energy64")
+        return out
 
     def uses_model(self, target: float) -> bool:
         """Whether the per-query effort model serves ``target`` (see ``model_targets``)."""

@@ -615,7 +615,9 @@ def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth
     """The ANN's per-query effort models (LAET / DARTH style; :func:`trainer.recall_fit.fit_effort_models`,
     :func:`engine.ann.probe`): per default target the probe effort among :func:`engine.ann.probe_candidates`
     with the tuning queries' lowest median work at its calibrated bar (targets choosing the same probe share one
-    model), fitted out of fold on the tuning queries, calibrated per target like the level scan's recall policy
+    model; for an index over the documents as encoded without the energy features,
+    :data:`trainer.recall_fit.ENERGY_FEATURES`, so its queries skip the rotation), fitted out of fold on the tuning
+    queries, calibrated per target like the level scan's recall policy
     (one standard error of the calibration mean on training queries, half the miss budget on pseudo-queries),
     then timed through the served pipeline against the one tuned effort at each default target on up to
     :data:`MEASURE_QUERIES` of them; a model serves a target only where its p50 is at most
@@ -629,7 +631,7 @@ def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth
     fits = fit_effort_models(a["index"], a["params"], a["X"], Q_ann, a["curve"], k=10, truth=truth,
                              margin_share=a["section"]["margin_share"], margin_rule=margin["margin_rule"],
                              rule_share=margin["margin_share"], seed=opts.seed,
-                             prefixes=None if space == "rotated" else Q_rot[:, :ann.ENERGY_PREFIX])
+                             energy=space == "rotated")  # as encoded: no rotated prefix (ENERGY_FEATURES)
     policies = [RecallPolicy(f.booster, list(f.table.feature_names), np.asarray(f.table.z_grid, np.float64), "ann",
                              f.oof, f.table.recall, f.table.coordinates, k=10, **margin) for f in fits]
     by_target = {t: p for f, p in zip(fits, policies) for t in f.targets} if len(fits) > 1 else None

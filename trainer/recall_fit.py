@@ -166,7 +166,8 @@ def effort_table(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int 
 
 def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int = 10,
                   truth: np.ndarray | None = None, efforts=None, probes=None,
-                  prefixes: np.ndarray | None = None, resumable: bool = True) -> dict[int, RecallTable]:
+                  prefixes: np.ndarray | None = None, resumable: bool = True,
+                  energy: bool = True) -> dict[int, RecallTable]:
     """:func:`effort_table` for several probe efforts at once: per probe p, the table over the efforts of the
     grid from p on (p first), each as served (:func:`engine.ann.continue_search`).
 
@@ -183,6 +184,8 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
         probes: probe efforts, each on the grid (default its first).
         resumable: HNSW resumes its probe (as versions built since 2026-12-07 serve); False: faiss's fresh
             searches (the earlier versions' calibration).
+        energy: False leaves the energy features (``energy16``, ``energy64``) missing (NaN) in the table, so a
+            model fitted on it never reads them and serving needs no rotated prefix (:data:`ENERGY_FEATURES`).
         (the rest as :func:`effort_table`)
 
     Returns:
@@ -222,9 +225,22 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
                 rec[p][i, j] = len(t.intersection(hits.rows.tolist())) / max(len(t), 1)
                 work[p][i, j] = hits.work
     exact = np.full(Q, X_rot.shape[0] * X_rot.shape[1], dtype=np.int64)
-    return {p: RecallTable(np.asarray(feats[p], dtype=np.float64).reshape(Q, len(ann.EFFORT_FEATURES)),
-                           list(ann.EFFORT_FEATURES), rec[p], work[p], exact,
+    features = {p: np.asarray(feats[p], dtype=np.float64).reshape(Q, len(ann.EFFORT_FEATURES)) for p in probes}
+    if not energy:
+        for f in features.values():
+            f[:, [ann.EFFORT_FEATURES.index(n) for n in ENERGY_FEATURES]] = np.nan
+    return {p: RecallTable(features[p], list(ann.EFFORT_FEATURES), rec[p], work[p], exact,
                            np.asarray(efforts[start[p]:], dtype=np.float64)) for p in probes}
+
+
+ENERGY_FEATURES = ("energy16", "energy64")
+"""The evidence features that read the query's rotated prefix (:data:`engine.ann.ENERGY_PREFIX`).  An index over
+the documents as encoded (:func:`engine.ann.index_space`) needs the rotation for nothing else, and on debdocs'
+221,170 passages (float16 HNSW M = 32, 2,000 training queries) the models fitted without them chose as cheaply:
+median calibrated work 293,376 against 290,304 multiply-adds at 0.95 (probe 24), 321,216 against 322,368 (probe
+40), and at 0.99 942,336 against 1,262,976 (probe 24) and 862,272 against 892,608 (probe 40).  Such a build fits
+its effort models with them missing (``energy=False``) and its queries skip the rotation
+(:meth:`engine.stage1.AnnStage1.needs_prefix`)."""
 
 
 @dataclass
@@ -282,7 +298,8 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
                       targets: tuple[float, ...] = ann.DEFAULT_TARGETS, margin_rule: str = "standard_error",
                       rule_share: float = 0.25, folds: int = 4, seed: int = 0,
                       cap: float = ann.MODEL_EFFORT_CAP, prefixes: np.ndarray | None = None,
-                      resumable: bool = True) -> list[EffortFit]:
+                      resumable: bool = True, probes: tuple[int, ...] | None = None,
+                      energy: bool = True) -> list[EffortFit]:
     """The per-query effort models, each with the probe effort its targets chose on the calibration queries
     (issue 19).
 
@@ -299,22 +316,27 @@ def fit_effort_models(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, curve
     high target's queries mostly search again and pay the probe twice (debdocs' 221,170 passages, one model:
     efSearch 40 had the lowest geometric mean, but its median work at 0.99 was 19 % above probe 10's,
     docs/SCALING.md).  ``X_rot``, ``Q_rot`` and ``prefixes`` as :func:`effort_table`; ``resumable`` as
-    :func:`effort_tables`.
+    :func:`effort_tables`, and so is ``energy``; ``probes``: the probe efforts to choose among (None: :func:`engine.ann.probe_candidates`;
+    one effort fixes the probe, as ``bench.probe_sweep`` does).
 
     Returns:
         The models, by their lowest target (each target of ``targets`` in exactly one).
 
     Raises:
-        ValueError: with fewer than ``2 * folds`` calibration queries, no target, or a ``cap`` not above 0.
+        ValueError: with fewer than ``2 * folds`` calibration queries, no target, a ``cap`` not above 0, or an
+            empty or non-positive ``probes``.
     """
+    if probes is not None and (not probes or min(probes) < 1):
+        raise ValueError(f"probes must be positive efforts, got {probes!r}")
     if len(Q_rot) < 2 * folds:
         raise ValueError(f"the effort model needs at least {2 * folds} calibration queries, got {len(Q_rot)}")
     if not targets:
         raise ValueError("the effort model needs at least one recall target")
-    probes = ann.probe_candidates(params, curve, margin_share)
+    probes = (tuple(sorted({int(p) for p in probes})) if probes is not None
+              else ann.probe_candidates(params, curve, margin_share))
     grid = tuple(sorted(set(ann.model_efforts(params, curve, margin_share, cap=cap)) | set(probes)))
     tables = effort_tables(index, params, X_rot, Q_rot, k=k, truth=truth, efforts=grid, probes=probes,
-                           prefixes=prefixes, resumable=resumable)
+                           prefixes=prefixes, resumable=resumable, energy=energy)
     report, oofs = {}, {}
     for p, table in tables.items():
         oofs[p] = _oof(table, folds, seed)

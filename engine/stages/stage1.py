@@ -130,7 +130,7 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None,
             if a.space == "embedding":  # the index holds the documents as encoded (engine.ann.index_space)
                 if embedding is None:
                     raise ValueError("an ANN index over the documents as encoded is searched with the embedding")
-                vec, prefix = embedding, query
+                vec, prefix = embedding, (query if len(query) else None)  # none: the model reads no energy
             hits, effort, probe_work = a.per_query(vec, float(plan.recall_target), min(plan.depth, n_allowed),
                                                    allowed, prefix)
         rows = hits.rows if hits is not None else np.empty(0, np.int64)

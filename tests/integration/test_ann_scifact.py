@@ -19,8 +19,9 @@ import pytest
 from engine import ann
 from engine.index import IndexVersion
 from engine.io.beir import load_collection
-from engine.pipeline import Pipeline
-from engine.plan import SearchSpec
+from engine.pipeline import Pipeline, capabilities
+from engine.plan import PlanDefaults, SearchSpec, resolve_plan
+from engine.stages.rotate import reach
 from engine.version.manifest import SCHEMA_VERSION, read_manifest
 from service.models import Trace
 from fastapi.testclient import TestClient
@@ -82,6 +83,12 @@ def test_build_and_load_round_trip(ann_build):
     assert v.ann is not None and v.ann.kind == KIND and v.ann.index.ntotal == v.size == 5183
     assert v.ann.space == "embedding"
     assert m.ann.search == "resumable" and v.ann.resumable  # its effort model was calibrated on resumed searches
+    for t in (0.95, 0.99):  # its effort models were fitted without the energy features: nothing is rotated
+        policy = v.ann.policy_for(t)
+        assert policy.reads("probe_s1") and not policy.reads("energy16") and not policy.reads("energy64")
+        assert not v.ann.needs_prefix(t)
+        spec = SearchSpec(query="q", k=10, width="auto", policy="recall", recall_target=t)
+        assert reach(resolve_plan(spec, PlanDefaults(), capabilities(v)), v) == 0
     first = np.zeros((1, v.dimension), np.float32)
     v.ann.index.reconstruct_n(0, 1, first)  # the first document as encoded, not rotated (float16-rounded)
     np.testing.assert_allclose(first[0] @ v.rotation.T, v.docs[0], atol=2e-3)

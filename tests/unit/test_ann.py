@@ -439,6 +439,14 @@ def test_each_target_probes_where_its_calibrated_median_work_is_lowest(corpus):
         report[str(fits[0].probe)]["p50_work"][f"{fits[0].targets[0]:g}"], abs=0.1)
     with pytest.raises(ValueError, match="at least one recall target"):
         fit_effort_models(index, p, X, Qt, curve, targets=())
+    # a fixed probe (bench.probe_sweep): one model for every target, probing there, with that probe's figures
+    other = next(e for e in probes if e != fits[0].probe)
+    (alone,) = fit_effort_models(index, p, X, Qt, curve, k=10, targets=targets, probes=(other,))
+    assert alone.probe == other and alone.targets == targets and alone.table.z_grid[0] == other
+    assert alone.probes[str(other)] == report[str(other)]
+    for bad in ((), (0, other)):
+        with pytest.raises(ValueError, match="probes must be positive efforts"):
+            fit_effort_models(index, p, X, Qt, curve, targets=targets, probes=bad)
 
 
 def test_each_target_is_served_by_its_own_models_probe(corpus):
@@ -572,7 +580,8 @@ def test_the_probe_reads_centroid_distances_for_ivf_and_leaves_them_missing_for_
 def test_an_index_over_the_documents_as_encoded_serves_the_embedding_and_rotates_only_the_evidence_prefix():
     """engine.ann.index_space: HNSW scores at full width, so the build indexes the documents as encoded; the
     pipeline searches with the query embedding, rotates only the effort model's evidence prefix, and serves what
-    the stage serves for that embedding and prefix."""
+    the stage serves for that embedding and prefix; a model fitted without the energy features (as such a build
+    fits it) rotates nothing."""
     from engine.stages import stage1 as stage1_mod
     from engine.stages.rotate import reach
     from engine.plan import PlanDefaults, resolve_plan
@@ -623,6 +632,29 @@ def test_an_index_over_the_documents_as_encoded_serves_the_embedding_and_rotates
     assert reach(plan, fixed) == 0  # one tuned effort: no evidence, nothing rotated
     r = Pipeline().search(fixed, [spec], embeddings=Qe[:1])[0]
     assert r.rows.tolist() == ann.search(index, "hnsw", Qe[0], 10, fixed.ann.effort(0.95)).rows.tolist()
+    assert a.needs_prefix(0.95) == (policy.reads("energy16") or policy.reads("energy64")) is True
+    # a model fitted with the energy features missing (trainer.recall_fit.ENERGY_FEATURES): nothing rotated, the
+    # same answers as the stage given no prefix at all, whatever the energies read
+    from trainer.recall_fit import ENERGY_FEATURES, effort_tables
+    blind = effort_tables(index, p, X, Q[:200], k=10, efforts=tuple(table.z_grid.astype(int)), energy=False)
+    blind = blind[int(table.z_grid[0])]
+    cols = [ann.EFFORT_FEATURES.index(n) for n in ENERGY_FEATURES]
+    assert np.isnan(blind.features[:, cols]).all() and not np.isnan(blind.features[:, :6]).any()
+    np.testing.assert_array_equal(np.delete(blind.features, cols, 1), np.delete(table.features, cols, 1))
+    booster, oof = fit_recall_policy(blind)
+    unaware = RecallPolicy(booster, blind.feature_names, blind.z_grid, "ann", oof, blind.recall, k=10)
+    assert not unaware.reads("energy16") and not unaware.reads("energy64") and unaware.reads("probe_s1")
+    b = AnnStage1(index, p, curve, effort_policy=unaware, space="embedding")
+    assert not b.needs_prefix(0.95) and b.uses_model(0.95)
+    w = IndexVersion.in_memory(X_rot, R, v.doc_ids, m0=16, ann=b)
+    assert reach(plan, w) == 0
+    res = Pipeline().search(w, [spec] * len(Qe), embeddings=Qe)
+    for r, q, qr in zip(res, Qe, Q_rot[200:]):
+        for pre in (None, qr[:ann.ENERGY_PREFIX]):  # the energies differ, no split reads them
+            hits, effort, _ = b.per_query(q, 0.95, 10, prefix=pre)
+            assert r.rows.tolist() == hits.rows.tolist() and r.trace["effort"] == effort
+    assert len({r.trace["effort"] for r in res}) > 1  # the model still chooses per query
+    assert ann.recall_at([r.rows for r in res], truth).mean() >= 0.94
 
 
 @pytest.mark.parametrize("kind", ["hnsw", "hnsw_fp16"])
