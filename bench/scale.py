@@ -43,7 +43,13 @@ recall@10 t against exhaustive search (the smallest effort of :func:`engine.ann.
   per_query`): a probe search at the effort its target chose on the training queries (:func:`engine.ann.probe_candidates`),
   LightGBM over its evidence (:data:`engine.ann.EFFORT_FEATURES`) predicting each effort's recall, the cheapest
   effort clearing a bar calibrated out of fold on the training queries for t plus one standard error of their
-  mean recall (:func:`trainer.recall_fit.fit_effort_models`).
+  mean recall (:func:`trainer.recall_fit.fit_effort_models`; for an index over the documents as encoded
+  without the energy features, as the build fits it);
+* ``ours_fixed_r<t>_goal``: the fixed effort tuned on the training queries to that same calibration goal (t plus
+  one standard error, :meth:`engine.recall.RecallPolicy.goal`), the curve bisected around it: the per-query
+  model's margin given to the fixed effort too, so the two compare at about equal realised recall (the issue's
+  "fixed effort of equal realised recall"), where ``ours_fixed_r<t>`` is tuned to t and the model over-delivers
+  by its margin.
 
 With ``--methods all`` the ANN family's ``ours_*`` rows are what ``trainer build --ann auto`` keeps (whatever N:
 the run lowers ``ann_min_docs`` in effect): the ANN version above and the level scan of ``ours_recall_<t>`` are
@@ -486,7 +492,8 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     t = time.perf_counter()
     fits = fit_effort_models(index, params, Xs, Qs["train"], curve, k=K, truth=truth["train"],
                              targets=ANN_TARGETS,
-                             prefixes=None if space == "rotated" else Q["train"][:, :ann.ENERGY_PREFIX])
+                             prefixes=None if space == "rotated" else Q["train"][:, :ann.ENERGY_PREFIX],
+                             energy=space == "rotated")  # as the build fits them (recall_fit.ENERGY_FEATURES)
     by_target = {t: RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)
                  for f in fits for t in f.targets}
     probe_of = {t: f.probe for f in fits for t in f.targets}
@@ -514,6 +521,30 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
                                "per_query_effort": policy is not None, **extra,
                                "tuning_queries": len(Q["train"])}, set_threads))
             out[-1].version = version
+    # the fixed effort at the per-query model's own calibration goal (target + one standard error of the
+    # calibration mean, RecallPolicy.goal): the same margin, so the two realise about the same recall, where
+    # fixed_r<t> is tuned to the target itself and the model over-delivers by its margin
+    goals = {tgt: by_target[tgt].goal(tgt) for tgt in ANN_TARGETS}
+    curve_g = ann.tune_effort(index, params, Xs, Qs["train"], k=K, truth=truth["train"], stop_at=0.997,
+                              refine_for=tuple(goals.values()))
+    for tgt, g in goals.items():
+        margin = (g - tgt) / (1.0 - tgt)
+        stage = AnnStage1(index, params, curve_g, margin_share=margin,
+                          bytes_per_document=ann.bytes_per_document(ours_kind, N, D, params), space=space)
+        version = IndexVersion.in_memory(X_rot, R, doc_ids, ann=stage)
+        spec = SearchSpec("q", k=K, width="auto", policy="recall", recall_target=tgt)
+
+        def run(i, which, spec=spec, version=version):
+            res = pipe.search(version, [spec], embeddings=E[which][i:i + 1])[0]
+            return res.rows, res.trace["coordinates_scored"]
+
+        effort = stage.effort(tgt)
+        out.append(Method(f"{prefix}fixed_r{tgt:g}_goal", run, mem, build_s,
+                          {"backend": ours_kind, **params.as_dict(), ann.EFFORT_NAME[ours_kind]: effort,
+                           "margin_share": round(margin, 4), "tuned_for_train_recall": round(g, 5),
+                           "served_exact": effort is None, "per_query_effort": False,
+                           "tuning_queries": len(Q["train"])}, set_threads))
+        out[-1].version = version
     return out
 
 
