@@ -102,6 +102,15 @@ def add_corpus_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--debdocs", type=Path, default=ROOT.parent / "shared" / "data" / "debdocs")
 
 
+def corpus_parser(doc: str, results: str) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark over a debdocs prefix: ``doc``'s first paragraph as its description,
+    :func:`add_corpus_args`, and ``--out`` (default ``bench/results/<results>``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_corpus_args(ap)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / results)
+    return ap
+
+
 def tuned_index(args) -> dict:
     """The debdocs prefix (2,000 training and 1,000 test queries), its HNSW index (M = 32, one thread), the
     training queries' exhaustive top-k and the effort curve tuned on them, as :mod:`bench.scale` tunes it."""
@@ -126,10 +135,8 @@ def write(out: Path, report: dict, md: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_corpus_args(ap)
+    ap = corpus_parser(__doc__, "ann_effort_cap")
     ap.add_argument("--caps", type=float, nargs="+", default=[2.0, 1.5, 1.25])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ann_effort_cap")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     c = tuned_index(args)

@@ -19,15 +19,13 @@ Results: ``bench/results/ann_effort_time/summary.json`` and ``summary.md``.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench.ann_effort_cap import K, add_corpus_args, tuned_index, write
+from bench.ann_effort_cap import K, corpus_parser, tuned_index, write
 from bench.common import machine
-from bench.scale import ANN_TARGETS, ROOT
+from bench.scale import ANN_TARGETS
 from engine import ann
 from engine.recall import RecallPolicy
 from engine.stage1 import AnnStage1
@@ -88,10 +86,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_corpus_args(ap)
+    ap = corpus_parser(__doc__, "ann_effort_time")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ann_effort_time")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     c = tuned_index(args)

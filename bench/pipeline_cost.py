@@ -44,15 +44,13 @@ Results: ``bench/results/pipeline_cost/summary.json`` and ``summary.md``.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench.ann_effort_cap import K, add_corpus_args, tuned_index, write
+from bench.ann_effort_cap import K, corpus_parser, tuned_index, write
 from bench.common import machine
-from bench.scale import ANN_TARGETS, ROOT
+from bench.scale import ANN_TARGETS
 from engine.ann import ENERGY_PREFIX, index_space, probe, probe_and_choose, search
 from engine.index import IndexVersion
 from engine.pipeline import Pipeline
@@ -185,9 +183,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_corpus_args(ap)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pipeline_cost")
+    ap = corpus_parser(__doc__, "pipeline_cost")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     c = tuned_index(args)
