@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     X, QT, QE, params, index, tt, curve = (c[k] for k in ("X", "QT", "QE", "params", "index", "tt", "curve"))
     # the identity rotation: the evidence prefix is the embedding's own leading coordinates
     # as the build fits them: an index over the documents as encoded without the energy features, so its
-    # queries rotate nothing (trainer.recall_fit.ENERGY_FEATURES)
+    # queries rotate nothing (engine.ann.ENERGY_FEATURES)
     fits = fit_effort_models(index, params, X, QT, curve, k=K, truth=tt, targets=ANN_TARGETS,
                              prefixes=QT[:, :ENERGY_PREFIX], energy=index_space(args.kind) == "rotated")
     policies = {t: RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)

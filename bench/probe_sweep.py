@@ -15,7 +15,7 @@ call, as :mod:`bench.pipeline_cost`; what ``bench.scale``'s interleaving with ot
 the p50 µs of the call and of the trace's ``stage1``, the ratio to the fixed efSearch's p50, the realised
 recall@10 against exhaustive search, and the share of test queries the probe settles.  The models read the
 energy features off the rotated prefix, as the build fitted them until 2026-12-07 (a build over the documents as
-encoded now fits them without, ``trainer.recall_fit.ENERGY_FEATURES``; the committed run is the earlier fit): the
+encoded now fits them without, ``engine.ann.ENERGY_FEATURES``; the committed run is the earlier fit): the
 probes are compared under one fit either way.
 
 Usage::

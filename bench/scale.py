@@ -493,7 +493,7 @@ def _our_ann_methods(X_rot, R, E, Q, truth, doc_ids, faiss, ours_kind: str, buil
     fits = fit_effort_models(index, params, Xs, Qs["train"], curve, k=K, truth=truth["train"],
                              targets=ANN_TARGETS,
                              prefixes=None if space == "rotated" else Q["train"][:, :ann.ENERGY_PREFIX],
-                             energy=space == "rotated")  # as the build fits them (recall_fit.ENERGY_FEATURES)
+                             energy=space == "rotated")  # as the build fits them (ann.ENERGY_FEATURES)
     by_target = {t: RecallPolicy(f.booster, f.table.feature_names, f.table.z_grid, "ann", f.oof, f.table.recall, k=K)
                  for f in fits for t in f.targets}
     probe_of = {t: f.probe for f in fits for t in f.targets}

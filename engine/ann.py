@@ -681,6 +681,14 @@ EFFORT_FEATURES = ("probe_s1", "probe_sk", "probe_gap", "probe_gap12", "probe_me
                    *(f"centroid_gap{j}" for j in CENTROID_RANKS),
                    *(f"centroids_above_sk_{d:g}" for d in CENTROID_MARGINS))
 """Early evidence of one query for the per-query effort model, in the model's order (:class:`AnnEvidence`)."""
+ENERGY_FEATURES = ("energy16", "energy64")
+"""The evidence features that read the query's rotated prefix (:data:`ENERGY_PREFIX`).  An index over
+the documents as encoded (:func:`index_space`) needs the rotation for nothing else, and on debdocs'
+221,170 passages (float16 HNSW M = 32, 2,000 training queries) the models fitted without them chose as cheaply:
+median calibrated work 293,376 against 290,304 multiply-adds at 0.95 (probe 24), 321,216 against 322,368 (probe
+40), and at 0.99 942,336 against 1,262,976 (probe 24) and 862,272 against 892,608 (probe 40).  Such a build fits
+its effort models with them missing (``energy=False``) and its queries skip the rotation
+(``trainer.recall_fit.effort_tables``; :meth:`engine.stage1.AnnStage1.needs_prefix`)."""
 
 
 @dataclass

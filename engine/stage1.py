@@ -481,14 +481,14 @@ class AnnStage1:
     def needs_prefix(self, target: float) -> bool:
         """Whether serving ``target`` reads the query's leading rotated coordinates
         (:data:`engine.ann.ENERGY_PREFIX`): where the per-query model serves it and splits on an energy feature
-        (a model fitted with them missing, ``trainer.recall_fit.ENERGY_FEATURES``, does not: its versions skip
+        (a model fitted with them missing, :data:`engine.ann.ENERGY_FEATURES`, does not: its versions skip
         the rotation, the evidence's energies then read the query itself and no split reads them)."""
         if not self.uses_model(target):
             return False
         policy = self.policy_for(target)
         out = self._prefix.get(id(policy))
         if out is None:
-            out = self._prefix[id(policy)] = policy.reads("energy16") or policy.reads("energy64")
+            out = self._prefix[id(policy)] = any(policy.reads(n) for n in ann.ENERGY_FEATURES)
         return out
 
     def uses_model(self, target: float) -> bool:

@@ -616,7 +616,7 @@ def _ann_effort_model(ctx: BuildContext, Q: np.ndarray, Q_rot: np.ndarray, truth
     :func:`engine.ann.probe`): per default target the probe effort among :func:`engine.ann.probe_candidates`
     with the tuning queries' lowest median work at its calibrated bar (targets choosing the same probe share one
     model; for an index over the documents as encoded without the energy features,
-    :data:`trainer.recall_fit.ENERGY_FEATURES`, so its queries skip the rotation), fitted out of fold on the tuning
+    :data:`engine.ann.ENERGY_FEATURES`, so its queries skip the rotation), fitted out of fold on the tuning
     queries, calibrated per target like the level scan's recall policy
     (one standard error of the calibration mean on training queries, half the miss budget on pseudo-queries),
     then timed through the served pipeline against the one tuned effort at each default target on up to

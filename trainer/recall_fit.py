@@ -184,8 +184,8 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
         probes: probe efforts, each on the grid (default its first).
         resumable: HNSW resumes its probe (as versions built since 2026-12-07 serve); False: faiss's fresh
             searches (the earlier versions' calibration).
-        energy: False leaves the energy features (``energy16``, ``energy64``) missing (NaN) in the table, so a
-            model fitted on it never reads them and serving needs no rotated prefix (:data:`ENERGY_FEATURES`).
+        energy: False leaves the energy features (:data:`engine.ann.ENERGY_FEATURES`) missing (NaN) in the table,
+            so a model fitted on it never reads them and serving needs no rotated prefix.
         (the rest as :func:`effort_table`)
 
     Returns:
@@ -228,19 +228,10 @@ def effort_tables(index, params, X_rot: np.ndarray, Q_rot: np.ndarray, *, k: int
     features = {p: np.asarray(feats[p], dtype=np.float64).reshape(Q, len(ann.EFFORT_FEATURES)) for p in probes}
     if not energy:
         for f in features.values():
-            f[:, [ann.EFFORT_FEATURES.index(n) for n in ENERGY_FEATURES]] = np.nan
+            f[:, [ann.EFFORT_FEATURES.index(n) for n in ann.ENERGY_FEATURES]] = np.nan
     return {p: RecallTable(features[p], list(ann.EFFORT_FEATURES), rec[p], work[p], exact,
                            np.asarray(efforts[start[p]:], dtype=np.float64)) for p in probes}
 
-
-ENERGY_FEATURES = ("energy16", "energy64")
-"""The evidence features that read the query's rotated prefix (:data:`engine.ann.ENERGY_PREFIX`).  An index over
-the documents as encoded (:func:`engine.ann.index_space`) needs the rotation for nothing else, and on debdocs'
-221,170 passages (float16 HNSW M = 32, 2,000 training queries) the models fitted without them chose as cheaply:
-median calibrated work 293,376 against 290,304 multiply-adds at 0.95 (probe 24), 321,216 against 322,368 (probe
-40), and at 0.99 942,336 against 1,262,976 (probe 24) and 862,272 against 892,608 (probe 40).  Such a build fits
-its effort models with them missing (``energy=False``) and its queries skip the rotation
-(:meth:`engine.stage1.AnnStage1.needs_prefix`)."""
 
 
 @dataclass

@@ -633,12 +633,12 @@ def test_an_index_over_the_documents_as_encoded_serves_the_embedding_and_rotates
     r = Pipeline().search(fixed, [spec], embeddings=Qe[:1])[0]
     assert r.rows.tolist() == ann.search(index, "hnsw", Qe[0], 10, fixed.ann.effort(0.95)).rows.tolist()
     assert a.needs_prefix(0.95) == (policy.reads("energy16") or policy.reads("energy64")) is True
-    # a model fitted with the energy features missing (trainer.recall_fit.ENERGY_FEATURES): nothing rotated, the
+    # a model fitted with the energy features missing (engine.ann.ENERGY_FEATURES): nothing rotated, the
     # same answers as the stage given no prefix at all, whatever the energies read
-    from trainer.recall_fit import ENERGY_FEATURES, effort_tables
+    from trainer.recall_fit import effort_tables
     blind = effort_tables(index, p, X, Q[:200], k=10, efforts=tuple(table.z_grid.astype(int)), energy=False)
     blind = blind[int(table.z_grid[0])]
-    cols = [ann.EFFORT_FEATURES.index(n) for n in ENERGY_FEATURES]
+    cols = [ann.EFFORT_FEATURES.index(n) for n in ann.ENERGY_FEATURES]
     assert np.isnan(blind.features[:, cols]).all() and not np.isnan(blind.features[:, :6]).any()
     np.testing.assert_array_equal(np.delete(blind.features, cols, 1), np.delete(table.features, cols, 1))
     booster, oof = fit_recall_policy(blind)
