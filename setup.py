@@ -22,9 +22,11 @@ setup(
         ),
         Extension("adawidth._forest", sources=["adawidth/_forest.c"], depends=["adawidth/_forest_eval.h"],
                   extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"]),
-        Extension("adawidth._effort", sources=["adawidth/_effort.c"], depends=["adawidth/_forest_eval.h"],
+        Extension("adawidth._effort", sources=["adawidth/_effort.c"],
+                  depends=["adawidth/_effort_eval.h", "adawidth/_forest_eval.h"],
                   extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-strict-aliasing"]),
         Extension("adawidth._hnsw", sources=["adawidth/_hnsw.c"],
-                  extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"]),
+                  depends=["adawidth/_effort_eval.h", "adawidth/_forest_eval.h"],
+                  extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fno-strict-aliasing"]),
     ]
 )

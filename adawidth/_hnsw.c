@@ -25,6 +25,15 @@
  *   I both None: no answer (a step on the way to a wider beam).  ef below the largest run
  *   so far changes nothing but the answer's copy.  The GIL is released while it searches; one Search must not
  *   be run by two threads at once.
+ *   .serve(feature, threshold, left, right, flags, roots, leaves, n_features, prefix, z_grid, bar, monotone,
+ *          evidence, D, I) -> (j, n, probe_distances, distances)
+ *   one query's per-query effort in one call, on a Search that has not run (engine.ann.serve_per_query): the
+ *   probe at efSearch max(z_grid[0], k) into D, I; its evidence into evidence and the first grid position j whose
+ *   predicted recall clears bar (-1 none: the grid's last), as adawidth._effort.probe_choice computes them from
+ *   the same answer (_effort_eval.h; its arguments too); then, when the chosen effort is above the probe's, the
+ *   search on through the grid's efforts in between to it, its answer into D, I (ResumableHnsw.hits).  j = -2:
+ *   the probe's answer needs ranking (ties, duplicates): D, I hold it, nothing more ran, and the caller chooses
+ *   on the Python path.  n: the probe's candidates; the distance computations after the probe and in all.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +41,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_effort_eval.h"
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define HAVE_X86 1
@@ -432,14 +443,53 @@ static int cmp_entry(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The search at beam width ef (or on from the widest so far), and when D is not NULL its k best into D, I (best
+ * first, ties by the lower row; -FLT_MAX and -1 pad a short answer).  Runs without the GIL.  -1: out of memory. */
+static int run_at(Search *s, int ef, float *D, int64_t *I, Py_ssize_t k) {
+    dots_fn dots = s->g->fp16 ? DOTS_F16 : DOTS_F32;
+    if (!s->started) {
+        Entry ep = descend(s, dots);
+        if (heap_reserve(&s->beam, 1) || heap_reserve(&s->cand, 1)) return -1;
+        s->vt.stamp[ep.id] = s->vt.gen;
+        heap_push(s->beam.a, &s->beam.n, ep, 1);
+        heap_push(s->cand.a, &s->cand.n, ep, 0);
+        s->started = 1;
+    } else if (ef > s->ef) { /* widen the beam from the reserve, then rebuild the candidates: its unexpanded */
+        if (heap_reserve(&s->beam, ef - s->beam.n)) return -1;
+        while (s->beam.n < ef && s->reserve.n > 0)
+            heap_push(s->beam.a, &s->beam.n, heap_pop(s->reserve.a, &s->reserve.n, 0), 1);
+        s->cand.n = 0;
+        if (heap_reserve(&s->cand, s->beam.n)) return -1;
+        for (int i = 0; i < s->beam.n; i++)
+            if (s->vt.stamp[s->beam.a[i].id] != s->vt.gen + 1) heap_push(s->cand.a, &s->cand.n, s->beam.a[i], 0);
+    }
+    if (ef > s->ef) {
+        s->ef = ef;
+        if (expand(s, dots, ef) < 0) return -1;
+    }
+    if (!D) return 0;
+    Entry *top = malloc((size_t)(s->beam.n ? s->beam.n : 1) * sizeof(Entry));
+    if (!top) return -1;
+    memcpy(top, s->beam.a, (size_t)s->beam.n * sizeof(Entry));
+    qsort(top, (size_t)s->beam.n, sizeof(Entry), cmp_entry);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        D[i] = i < s->beam.n ? -top[i].d : -FLT_MAX;
+        I[i] = i < s->beam.n ? top[i].id : -1;
+    }
+    free(top);
+    return 0;
+}
+
+static int check_started(Search *s) {
+    if (!s->g) PyErr_SetString(PyExc_ValueError, "the search is not initialised");
+    return s->g ? 0 : -1;
+}
+
 static PyObject *search_run(Search *s, PyObject *args) {
     int ef;
     PyObject *Do, *Io;
     if (!PyArg_ParseTuple(args, "iOO", &ef, &Do, &Io)) return NULL;
-    if (!s->g) {
-        PyErr_SetString(PyExc_ValueError, "the search is not initialised");
-        return NULL;
-    }
+    if (check_started(s) < 0) return NULL;
     if (ef < 1) {
         PyErr_SetString(PyExc_ValueError, "ef must be at least 1");
         return NULL;
@@ -459,53 +509,9 @@ static PyObject *search_run(Search *s, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "D float32 (k,) and I int64 (k,), k >= 1 (or both None: no answer)");
         goto done;
     }
-    dots_fn dots = s->g->fp16 ? DOTS_F16 : DOTS_F32;
-    int failed = 0;
-    Entry *top = NULL;
+    int failed;
     Py_BEGIN_ALLOW_THREADS;
-    if (!s->started) {
-        Entry ep = descend(s, dots);
-        if (heap_reserve(&s->beam, 1) || heap_reserve(&s->cand, 1)) {
-            failed = 1;
-        } else {
-            s->vt.stamp[ep.id] = s->vt.gen;
-            heap_push(s->beam.a, &s->beam.n, ep, 1);
-            heap_push(s->cand.a, &s->cand.n, ep, 0);
-            s->started = 1;
-        }
-    } else if (ef > s->ef) { /* widen the beam from the reserve, then rebuild the candidates: its unexpanded */
-        if (heap_reserve(&s->beam, ef - s->beam.n)) {
-            failed = 1;
-        } else {
-            while (s->beam.n < ef && s->reserve.n > 0)
-                heap_push(s->beam.a, &s->beam.n, heap_pop(s->reserve.a, &s->reserve.n, 0), 1);
-            s->cand.n = 0;
-            if (heap_reserve(&s->cand, s->beam.n)) failed = 1;
-            for (int i = 0; !failed && i < s->beam.n; i++)
-                if (s->vt.stamp[s->beam.a[i].id] != s->vt.gen + 1)
-                    heap_push(s->cand.a, &s->cand.n, s->beam.a[i], 0);
-        }
-    }
-    if (!failed && ef > s->ef) {
-        s->ef = ef;
-        failed = expand(s, dots, ef) < 0;
-    }
-    if (!failed && answer) {
-        top = malloc((size_t)(s->beam.n ? s->beam.n : 1) * sizeof(Entry));
-        if (!top) {
-            failed = 1;
-        } else {
-            memcpy(top, s->beam.a, (size_t)s->beam.n * sizeof(Entry));
-            qsort(top, (size_t)s->beam.n, sizeof(Entry), cmp_entry);
-            float *D = Db.buf;
-            int64_t *I = Ib.buf;
-            for (Py_ssize_t i = 0; i < k; i++) {
-                D[i] = i < s->beam.n ? -top[i].d : -FLT_MAX;
-                I[i] = i < s->beam.n ? top[i].id : -1;
-            }
-            free(top);
-        }
-    }
+    failed = run_at(s, ef, answer ? Db.buf : NULL, answer ? Ib.buf : NULL, k) < 0;
     Py_END_ALLOW_THREADS;
     if (failed)
         PyErr_NoMemory();
@@ -519,6 +525,75 @@ done:
     return result;
 }
 
+/* serve(feature, threshold, left, right, flags, roots, leaves, n_features, prefix, z_grid, bar, monotone,
+ *       evidence, D, I) -> (j, n, probe_distances, distances): see the module. */
+static PyObject *search_serve(Search *s, PyObject *args) {
+    PyObject *o[12];
+    Py_ssize_t n_features;
+    double bar;
+    int monotone = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnOOdpOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &n_features,
+                          &o[7], &o[8], &bar, &monotone, &o[9], &o[10], &o[11]))
+        return NULL;
+    if (check_started(s) < 0) return NULL;
+    if (s->started) {
+        PyErr_SetString(PyExc_ValueError, "serve starts a search: this one has run already");
+        return NULL;
+    }
+    Py_buffer b[12];
+    int got = 0;
+    PyObject *out = NULL;
+    for (; got < 12; got++)
+        if (PyObject_GetBuffer(o[got], &b[got], (got >= 9 ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    ForestTrees f;
+    if (effort_forest_of(b, &f) < 0) goto done;
+    if (b[7].itemsize != 4 || b[8].itemsize != 8 || b[9].itemsize != 8 || b[10].itemsize != 4 || b[11].itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "prefix float32, z_grid and evidence float64, D float32, I int64");
+        goto done;
+    }
+    const float *prefix = b[7].buf;
+    const double *z = b[8].buf;
+    double *ev = b[9].buf;
+    float *D = b[10].buf;
+    int64_t *I = b[11].buf;
+    const Py_ssize_t n_z = b[8].len / 8, n_ev = b[9].len / 8, k = b[10].len / 4;
+    if (b[11].len != k * 8 || k < 1 || n_ev < EFFORT_N_FIXED || n_features != n_ev + 1 || n_z < 1 || z[0] < 1 ||
+        z[n_z - 1] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "D and I must be (k,), k >= 1, evidence (E >= 10,) with n_features = "
+                                          "E + 1, z_grid non-empty efforts from 1");
+        goto done;
+    }
+    int64_t at = -1, found = 0, probe_ndis = 0;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    const int kk = (int)k, probe = (int)z[0] > kk ? (int)z[0] : kk;
+    rc = run_at(s, probe, D, I, k) < 0 ? -2 : 0;
+    probe_ndis = s->ndis;
+    if (!rc)
+        rc = effort_choose(&f, D, I, k, (double)probe_ndis, prefix, b[7].len / 4, z, n_z, bar, monotone, ev, n_ev,
+                           &at, &found);
+    if (!rc && at != -2) { /* engine.stage1.AnnStage1.per_query, engine.ann.ResumableHnsw.hits */
+        const int chosen = (int)z[at >= 0 ? at : n_z - 1], effort = chosen > kk ? chosen : kk;
+        if (effort > probe) {
+            for (Py_ssize_t i = 0; i < n_z && !rc; i++) {
+                const int e = (int)z[i] > kk ? (int)z[i] : kk;
+                if (s->ef < e && e < effort) rc = run_at(s, e, NULL, NULL, k) < 0 ? -2 : 0;
+            }
+            if (!rc) rc = run_at(s, effort, D, I, k) < 0 ? -2 : 0;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (rc == -2)
+        PyErr_NoMemory();
+    else if (rc < 0)
+        PyErr_SetString(PyExc_ValueError, "malformed forest");
+    else
+        out = Py_BuildValue("LLLL", (long long)at, (long long)found, (long long)probe_ndis, (long long)s->ndis);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return out;
+}
+
 static PyObject *search_ndis(Search *s, void *closure) { return PyLong_FromLongLong(s->ndis); }
 static PyObject *search_ef(Search *s, void *closure) { return PyLong_FromLong(s->ef); }
 
@@ -526,6 +601,10 @@ static PyMethodDef search_methods[] = {
     {"run", (PyCFunction)search_run, METH_VARARGS,
      "run(ef, D, I) -> distance computations so far: search (or resume) at beam width ef, the k best into D, I "
      "(None, None: no answer)."},
+    {"serve", (PyCFunction)search_serve, METH_VARARGS,
+     "serve(feature, threshold, left, right, flags, roots, leaves, n_features, prefix, z_grid, bar, monotone, "
+     "evidence, D, I) -> (j, n, probe_distances, distances): the probe at z_grid[0], its evidence and the model's "
+     "choice (_effort_eval.h), the continuation to the chosen effort through the grid; see the module."},
     {NULL}};
 static PyGetSetDef search_getset[] = {{"ndis", (getter)search_ndis, NULL, "distance computations so far", NULL},
                                       {"ef", (getter)search_ef, NULL, "the widest beam run so far", NULL},

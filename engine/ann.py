@@ -868,6 +868,56 @@ def probe_and_choose(index: faiss.Index, kind: str, query: np.ndarray, k: int, e
     return ev, z
 
 
+def serve_per_query(index: faiss.Index, query: np.ndarray, k: int, policy, target: float,
+                    prefix: np.ndarray | None = None) -> tuple[AnnHits, int, int] | None:
+    """One query's per-query effort in one compiled call (``adawidth._hnsw`` ``Search.serve``): the probe at the
+    first effort of the policy's grid, its evidence and the model's choice (:func:`probe_and_choose`'s, to the last
+    bit), and the search on from the probe through the grid to the chosen effort (:func:`continue_search` of a
+    :class:`ResumableHnsw` probe).  What :func:`probe_and_choose` then :func:`continue_search` serve, without the
+    Python calls between them (the continuation's, for the queries the probe does not settle); an answer that needs
+    ranking (ties, duplicates) goes on from the same search by those two.
+
+    Args:
+        index: an inner-product HNSW :func:`resumable_graph` reads (:func:`fused_applies`, unfiltered).
+        query: (D,) float32 unit query in the index's space; k: candidates wanted (the policy's k).
+        policy: the target's :class:`engine.recall.RecallPolicy` (its grid holds efSearch values, the probe first).
+        target: the declared recall@k.
+        prefix: (>= :data:`ENERGY_PREFIX`,) float32 the query's leading rotated coordinates, or None (``query``'s
+            own).
+
+    Returns:
+        (:class:`AnnHits` at the chosen efSearch, rows and scores best first, work = every distance computation x
+        D; the efSearch served; the probe's multiply-adds), or None where this call does not apply (a target the
+        policy serves exactly, an index :func:`resumable_graph` cannot read): the caller takes the two calls.
+    """
+    bar = policy.bar(float(target)) if target < 1.0 else None
+    g = graph_of(index) if bar is not None else None
+    if g is None:
+        return None
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    d, grid, f = len(q), policy.z_grid, policy.forest
+    state = ResumableHnsw(g, q, k)
+    pre = q if prefix is None else np.ascontiguousarray(prefix, dtype=np.float32)
+    v = np.empty(len(EFFORT_FEATURES), np.float64)
+    D, I = np.empty(state.k, np.float32), np.empty(state.k, np.int64)
+    j, n, probe_ndis, ndis = state.search.serve(f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves,
+                                                f.n_features, pre, grid, float(bar), policy.monotone_z, v, D, I)
+    if j == -2:  # the probe's answer needs ranking: the Python path on from the same search
+        rows, scores = _hits(index, q[None], D[None], I[None])
+        ev = _evidence(AnnHits(rows, probe_ndis * d, scores=scores), k, int(grid[0]), d, pre)
+        ev.state, ev.steps = state, tuple(int(e) for e in grid)
+        z = policy.choose(ev, float(target))[1]
+        effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
+        return continue_search(index, "hnsw", q, k, ev, effort), effort, ev.work
+    effort = max(int(grid[j if j >= 0 else len(grid) - 1]), int(grid[0]))
+    if effort <= int(grid[0]):  # the probe's answer (continue_search's, float64 scores)
+        return AnnHits(I[:n].copy(), probe_ndis * d, scores=D[:n].astype(np.float64)), effort, probe_ndis * d
+    if len(I) and I[-1] < 0:  # a short answer, padded at its end
+        keep = I >= 0
+        D, I = D[keep], I[keep]
+    return AnnHits(I, ndis * d, scores=D), effort, probe_ndis * d
+
+
 def continue_search(index: faiss.Index, kind: str, query: np.ndarray, k: int, ev: AnnEvidence, effort: int,
                     allowed: np.ndarray | None = None) -> AnnHits:
     """The candidates of one query at ``effort`` after its probe ``ev`` (:func:`probe`), the probe's work included.

@@ -432,7 +432,8 @@ class AnnStage1:
             rotated query, or the documents as encoded (``embedding``), searched with the query embedding, the
             rotation read only for the effort model's evidence (:func:`engine.ann.index_space`).
         fused_choice: the probe's evidence and the model's choice in one compiled call where it applies
-            (:func:`engine.ann.probe_and_choose`); False: the Python path (comparisons).
+            (:func:`engine.ann.probe_and_choose`), and with ``resumable`` the probe, choice and continuation in
+            one (:func:`engine.ann.serve_per_query`); False: the Python path (comparisons).
         resumable: an unfiltered HNSW's continuation goes on from the probe's search through the model's grid
             (:class:`engine.ann.ResumableHnsw`), as a version built with ``manifest.ann.search = "resumable"``
             was calibrated; False: searches again with faiss and merges the probe (versions built before).
@@ -545,6 +546,10 @@ class AnnStage1:
         fused = self._fused.get(id(policy)) if allowed is None and self.fused_choice else False
         if fused is None:
             fused = self._fused[id(policy)] = ann.fused_applies(self.index, self.kind, policy, None)
+        if fused and self.resumable:  # the probe, the choice and the continuation in one compiled call
+            out = ann.serve_per_query(self.index, query, k, policy, float(target), prefix)
+            if out is not None:
+                return out
         if fused:  # the probe, then one compiled call to the chosen effort
             ev, z = ann.probe_and_choose(self.index, self.kind, query, k, int(grid[0]), policy, float(target), prefix,
                                          resume=self.resumable)

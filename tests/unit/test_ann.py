@@ -324,6 +324,71 @@ def test_the_compiled_probe_and_choice_equal_the_python_path(corpus, hnsw_policy
     assert ann.probe_and_choose(index, "hnsw", Qe[0], 10, probe, policy, 1.0)[1] is None
 
 
+def _two_calls(index, q, policy, target, prefix=None):
+    """What AnnStage1.per_query served before serve_per_query: the compiled probe and choice, then the
+    continuation on from the probe's search (rows, scores, efSearch, work, probe's work)."""
+    grid = policy.z_grid
+    ev, z = ann.probe_and_choose(index, "hnsw", q, 10, int(grid[0]), policy, target, prefix, resume=True)
+    effort = max(int(grid[-1]) if z is None else int(z), int(grid[0]))
+    hits = ann.continue_search(index, "hnsw", q, 10, ev, effort)
+    return hits.rows.tolist(), np.asarray(hits.scores, np.float64).tolist(), effort, hits.work, ev.work
+
+
+def test_the_one_call_per_query_serves_what_the_probe_then_the_continuation_serve(corpus, hnsw_policy):
+    """engine.ann.serve_per_query (adawidth._hnsw Search.serve: probe, evidence, choice and continuation in one
+    call) serves each query's rows, scores, efSearch and work exactly as probe_and_choose then continue_search do,
+    at both targets, with and without an energy prefix; the efforts differ per query and some go past the probe."""
+    X, Qt, Qe = corpus
+    index, policy = hnsw_policy
+    for target in (0.95, 0.99):
+        efforts = []
+        for i, q in enumerate(Qe):
+            pre = None if i % 2 else Qe[(i + 1) % len(Qe)]  # another query's coordinates: the energies differ
+            hits, effort, probe_work = ann.serve_per_query(index, q, 10, policy, target, pre)
+            got = (hits.rows.tolist(), np.asarray(hits.scores, np.float64).tolist(), effort, hits.work, probe_work)
+            assert got == _two_calls(index, q, policy, target, pre)
+            efforts.append(effort)
+        assert len(set(efforts)) > 1 and max(efforts) > policy.z_grid[0]
+    assert ann.serve_per_query(index, Qe[0], 10, policy, 1.0) is None  # served exactly: not this call's
+    f, v = policy.forest, np.empty(len(ann.EFFORT_FEATURES))
+    D, I = np.empty(10, np.float32), np.empty(10, np.int64)
+    for bad in ({"threshold": f.threshold.astype(np.float32)}, {"D": D.astype(np.float64)}, {"I": I[:5]}):
+        args = {"threshold": f.threshold, "D": D, "I": I, **bad}
+        with pytest.raises(ValueError):
+            ann.ResumableHnsw(ann.graph_of(index), Qe[0], 10).search.serve(
+                f.feature, args["threshold"], f.left, f.right, f.flags, f.roots, f.leaves, f.n_features, Qe[0],
+                policy.z_grid, 0.5, False, v, args["D"], args["I"])
+
+
+def test_the_one_call_hands_tied_probes_to_the_python_choice_on_the_same_search(corpus):
+    """An index holding every document twice ties every probe's scores: Search.serve returns -2 after the probe,
+    and serve_per_query ranks it and goes on from the same search as the two calls do."""
+    from trainer.recall_fit import effort_table, fit_recall_policy
+    from engine.recall import RecallPolicy
+
+    X, Qt, Qe = corpus
+    X2 = np.repeat(X[:1500], 2, axis=0)
+    p = ann.default_params("hnsw", len(X2), M=8, ef_construction=40)
+    index = ann.build_index(X2, p)
+    table = effort_table(index, p, X2, Qt[:100], k=10)
+    booster, oof = fit_recall_policy(table)
+    policy = RecallPolicy(booster, table.feature_names, table.z_grid, "ann", oof, table.recall, k=10)
+    g = ann.graph_of(index)
+    f = policy.forest
+    for q in Qe[:20]:
+        state = ann.ResumableHnsw(g, q, 10)
+        D, I, v = np.empty(10, np.float32), np.empty(10, np.int64), np.empty(len(ann.EFFORT_FEATURES))
+        j = state.search.serve(f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves, f.n_features,
+                               q, policy.z_grid, float(policy.bar(0.95)), policy.monotone_z, v, D, I)[0]
+        assert j == -2 and state.search.ef == max(int(policy.z_grid[0]), 10)  # the probe only
+        hits, effort, probe_work = ann.serve_per_query(index, q, 10, policy, 0.95)
+        got = (hits.rows.tolist(), np.asarray(hits.scores, np.float64).tolist(), effort, hits.work, probe_work)
+        assert got == _two_calls(index, q, policy, 0.95)
+    with pytest.raises(ValueError, match="has run already"):
+        state.search.serve(f.feature, f.threshold, f.left, f.right, f.flags, f.roots, f.leaves, f.n_features,
+                           q, policy.z_grid, 0.5, False, v, D, I)
+
+
 def test_the_compiled_choice_hands_answers_that_need_ranking_back_to_python():
     """adawidth._effort.probe_choice returns -2 (the Python path ranks the answer) for tied scores, a row twice
     or a -1 before a label, and counts the candidates before faiss's -1 padding."""
