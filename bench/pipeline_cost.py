@@ -5,7 +5,7 @@ whole :class:`engine.pipeline.Pipeline` (plan, rotation, stage 1, rescoring, ren
 query by query, so each starts with caches the others have used.  This script splits the difference, on one HNSW
 index (``--kind``, M = 32) over a debdocs prefix (``--n`` passages, 2,000 training and 1,000 test queries, one
 thread), per default target at the efSearch tuned on the training queries and with the per-query effort model
-(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Twelve paths, each timed over blocks
+(fitted as the build fits it, :func:`trainer.recall_fit.fit_effort_models`).  Fourteen paths, each timed over blocks
 of 100 queries, the paths in a fresh random order for every block:
 
 - ``faiss``: ``index.search`` with ``SearchParametersHNSW`` at the tuned efSearch (the benchmark's baselines);
@@ -20,6 +20,10 @@ of 100 queries, the paths in a fresh random order for every block:
 - ``stage_per_query_python`` / ``pipeline_per_query_python``: the per-query stage and pipeline with the compiled
   probe-and-choice off (``AnnStage1(fused_choice=False)``: :func:`engine.ann.probe`, then
   :meth:`engine.recall.RecallPolicy.choose`, as every release before 2026-12-06 served it);
+- ``stage_per_query_two_calls`` / ``pipeline_per_query_two_calls``: the compiled probe-and-choice, then the
+  continuation's Python calls (``AnnStage1(one_call=False)``: :func:`engine.ann.probe_and_choose`, then
+  :func:`engine.ann.continue_search`, as served before 2026-12-07), where the served path is one compiled call
+  (:func:`engine.ann.serve_per_query`);
 - the per-query stage's parts: ``probe_search`` (:func:`engine.ann.search` at the probe's efSearch), ``probe``
   (:func:`engine.ann.probe`: that search and its evidence) and ``choose`` (the model's choice,
   :meth:`engine.recall.RecallPolicy.choose`, on the query's evidence computed beforehand).  ``probe`` less
@@ -60,8 +64,9 @@ from engine.stage1 import AnnStage1
 from trainer.recall_fit import fit_effort_models
 
 PATHS = ("faiss", "stage_fixed", "stage_per_query", "pipeline_fixed", "pipeline_per_query",
-         "pipeline_per_query_rotated", "stage_per_query_python", "pipeline_per_query_python", "probe_search",
-         "probe", "choose", "probe_choose")
+         "pipeline_per_query_rotated", "stage_per_query_python", "pipeline_per_query_python",
+         "stage_per_query_two_calls", "pipeline_per_query_two_calls", "probe_search", "probe", "choose",
+         "probe_choose")
 STAGES = ("rotate", "stage1", "rescore")
 EVICT_BYTES = 64 << 20
 """The buffer summed before every call of the ``cold`` condition (larger than this machine's last-level cache)."""
@@ -69,8 +74,8 @@ BLOCKS = 10
 """The test queries are timed in this many blocks (see :func:`time_paths`)."""
 
 
-def time_paths(fixed: AnnStage1, model: AnnStage1, python: AnnStage1, versions: dict, Q: np.ndarray,
-               target: float, cold: bool) -> dict:
+def time_paths(fixed: AnnStage1, model: AnnStage1, python: AnnStage1, two: AnnStage1, versions: dict,
+               Q: np.ndarray, target: float, cold: bool) -> dict:
     """One target under one condition: per path the p50 µs; per pipeline path the stages' p50 µs."""
     import faiss
 
@@ -95,6 +100,9 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, python: AnnStage1, versions: 
         "stage_per_query_python": lambda i: python.per_query(E[i], target, K, prefix=E[i, :ENERGY_PREFIX]),
         "pipeline_per_query_python": lambda i: pipe.search(versions["per_query_python"], [spec],
                                                            embeddings=E[i:i + 1])[0],
+        "stage_per_query_two_calls": lambda i: two.per_query(E[i], target, K, prefix=E[i, :ENERGY_PREFIX]),
+        "pipeline_per_query_two_calls": lambda i: pipe.search(versions["per_query_two_calls"], [spec],
+                                                              embeddings=E[i:i + 1])[0],
         "probe_choose": lambda i: probe_and_choose(model.index, model.kind, E[i], K, probe_at, policy, target,
                                                    prefix=E[i, :ENERGY_PREFIX]),
         "probe_search": lambda i: search(model.index, model.kind, E[i], K, probe_at),
@@ -136,7 +144,11 @@ def time_paths(fixed: AnnStage1, model: AnnStage1, python: AnnStage1, versions: 
                      "python_per_query_over_fixed_pipeline": round(p50["pipeline_per_query_python"]
                                                                    / p50["pipeline_fixed"], 3),
                      "compiled_over_python_pipeline": round(p50["pipeline_per_query"]
-                                                            / p50["pipeline_per_query_python"], 3)}
+                                                            / p50["pipeline_per_query_python"], 3),
+                     "two_calls_per_query_over_fixed_pipeline": round(p50["pipeline_per_query_two_calls"]
+                                                                      / p50["pipeline_fixed"], 3),
+                     "one_call_over_two_calls_pipeline": round(p50["pipeline_per_query"]
+                                                               / p50["pipeline_per_query_two_calls"], 3)}
     out["per_query_parts_us"] = {"probe_search": p50["probe_search"],
                                  "evidence": round(p50["probe"] - p50["probe_search"], 1),
                                  "model": p50["choose"],
@@ -152,16 +164,18 @@ def markdown(report: dict) -> str:
              f"before every call. Run time "
              f"{report['seconds']:.0f} s. p50 in µs.", "",
              "| target | caches | efSearch | probe | faiss | stage fixed | stage per-query | pipeline fixed | "
-             "pipeline per-query | same, rotated index | same, Python choice | per-query / fixed (stage) | "
-             "per-query / fixed (pipeline) | same, Python choice | pipeline per-query / faiss |", "|" + "---|" * 15]
+             "pipeline per-query | same, two calls | same, rotated index | same, Python choice | "
+             "per-query / fixed (stage) | per-query / fixed (pipeline) | same, two calls | same, Python choice | "
+             "pipeline per-query / faiss |", "|" + "---|" * 17]
     for r in report["rows"]:
         p, q = r["p50_us"], r["ratios"]
         lines.append(f"| {r['target']:g} | {r['condition']} | {r['effort']} | {r['probe']} | {p['faiss']:.0f} | "
                      f"{p['stage_fixed']:.0f} | {p['stage_per_query']:.0f} | {p['pipeline_fixed']:.0f} | "
-                     f"{p['pipeline_per_query']:.0f} | {p['pipeline_per_query_rotated']:.0f} | "
+                     f"{p['pipeline_per_query']:.0f} | {p['pipeline_per_query_two_calls']:.0f} | "
+                     f"{p['pipeline_per_query_rotated']:.0f} | "
                      f"{p['pipeline_per_query_python']:.0f} | {q['per_query_over_fixed_stage']:.2f}x | "
-                     f"{q['per_query_over_fixed_pipeline']:.2f}x | {q['python_per_query_over_fixed_pipeline']:.2f}x | "
-                     f"{q['pipeline_per_query_over_faiss']:.2f}x |")
+                     f"{q['per_query_over_fixed_pipeline']:.2f}x | {q['two_calls_per_query_over_fixed_pipeline']:.2f}x | "
+                     f"{q['python_per_query_over_fixed_pipeline']:.2f}x | {q['pipeline_per_query_over_faiss']:.2f}x |")
     lines += ["", "Pipeline stages (p50 µs of the trace's timings; `outside`: plan, capabilities and render, the "
                   "call's time less the trace's total):", "",
               "| target | caches | path | rotate | stage1 | rescore | outside |", "|---|---|---|---|---|---|---|"]
@@ -202,16 +216,18 @@ def main(argv=None) -> None:
     rotated = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space="rotated")
     python = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space=space,
                        fused_choice=False)
+    two = AnnStage1(index, params, curve, margin_share=0.25, target_policies=policies, space=space, one_call=False)
     R = np.eye(X.shape[1], dtype=np.float32)
     ids = [str(i) for i in range(len(X))]
     versions = {"fixed": IndexVersion.in_memory(X, R, ids, ann=fixed),
                 "per_query": IndexVersion.in_memory(X, R, ids, ann=model),
                 "per_query_rotated": IndexVersion.in_memory(X, R, ids, ann=rotated),
-                "per_query_python": IndexVersion.in_memory(X, R, ids, ann=python)}
+                "per_query_python": IndexVersion.in_memory(X, R, ids, ann=python),
+                "per_query_two_calls": IndexVersion.in_memory(X, R, ids, ann=two)}
     rows = []
     for cold in (False, True):
         for t in ANN_TARGETS:
-            rows.append(time_paths(fixed, model, python, versions, QE, t, cold))
+            rows.append(time_paths(fixed, model, python, two, versions, QE, t, cold))
             print(rows[-1]["condition"], t, rows[-1]["p50_us"], rows[-1]["ratios"], flush=True)
     report = {"kind": args.kind, "n_docs": len(X), "test_queries": len(QE),
               "command": f"OMP_NUM_THREADS=1 python -m bench.pipeline_cost --n {args.n} --kind {args.kind}",

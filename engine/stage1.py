@@ -434,6 +434,9 @@ class AnnStage1:
         fused_choice: the probe's evidence and the model's choice in one compiled call where it applies
             (:func:`engine.ann.probe_and_choose`), and with ``resumable`` the probe, choice and continuation in
             one (:func:`engine.ann.serve_per_query`); False: the Python path (comparisons).
+        one_call: False keeps the probe and choice apart from the continuation (:func:`engine.ann.probe_and_choose`,
+            then :func:`engine.ann.continue_search`: the served path before 2026-12-07, for comparisons); the
+            same answers.
         resumable: an unfiltered HNSW's continuation goes on from the probe's search through the model's grid
             (:class:`engine.ann.ResumableHnsw`), as a version built with ``manifest.ann.search = "resumable"``
             was calibrated; False: searches again with faiss and merges the probe (versions built before).
@@ -446,7 +449,7 @@ class AnnStage1:
                  bytes_per_document: dict | None = None, min_allowed_share: float = 0.1,
                  effort_policy=None, model_targets: dict[float, bool] | None = None,
                  target_policies: dict | None = None, space: str = "rotated", fused_choice: bool = True,
-                 resumable: bool = True):
+                 resumable: bool = True, one_call: bool = True):
         if space not in ann.INDEX_SPACES:
             raise ValueError(f"ANN index space must be one of {ann.INDEX_SPACES}, got {space!r}")
         self.index, self.params, self.kind, self.space = index, params, params.kind, space
@@ -459,6 +462,7 @@ class AnnStage1:
         self.fused_choice = bool(fused_choice)  # False: the Python probe and choice always (comparisons)
         # HNSW: the continuation goes on from the probe's search (ann.ResumableHnsw), as the model was calibrated
         self.resumable = bool(resumable) and self.kind in ann.RESUMABLE_KINDS
+        self.one_call = bool(one_call)  # the probe, choice and continuation in one compiled call (serve_per_query)
         self._fused: dict[int, bool] = {}  # id(policy) -> ann.fused_applies, unfiltered
         self._prefix: dict[int, bool] = {}  # id(policy) -> it reads an energy feature (needs_prefix)
         self.effort_policy = effort_policy
@@ -546,7 +550,7 @@ class AnnStage1:
         fused = self._fused.get(id(policy)) if allowed is None and self.fused_choice else False
         if fused is None:
             fused = self._fused[id(policy)] = ann.fused_applies(self.index, self.kind, policy, None)
-        if fused and self.resumable:  # the probe, the choice and the continuation in one compiled call
+        if fused and self.resumable and self.one_call:  # the probe, the choice and the continuation in one call
             out = ann.serve_per_query(self.index, query, k, policy, float(target), prefix)
             if out is not None:
                 return out

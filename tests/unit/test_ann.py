@@ -350,6 +350,13 @@ def test_the_one_call_per_query_serves_what_the_probe_then_the_continuation_serv
             efforts.append(effort)
         assert len(set(efforts)) > 1 and max(efforts) > policy.z_grid[0]
     assert ann.serve_per_query(index, Qe[0], 10, policy, 1.0) is None  # served exactly: not this call's
+    # the stage serves it (one_call, the default) and answers as its two-call comparison does
+    p = ann.default_params("hnsw", len(X), M=8, ef_construction=40)
+    curve = ann.tune_effort(index, p, X, Qt)
+    one, two = (AnnStage1(index, p, curve, effort_policy=policy, one_call=c) for c in (True, False))
+    for q in Qe[:30]:
+        (h1, e1, w1), (h2, e2, w2) = one.per_query(q, 0.95, 10), two.per_query(q, 0.95, 10)
+        assert (h1.rows.tolist(), h1.work, e1, w1) == (h2.rows.tolist(), h2.work, e2, w2)
     f, v = policy.forest, np.empty(len(ann.EFFORT_FEATURES))
     D, I = np.empty(10, np.float32), np.empty(10, np.int64)
     for bad in ({"threshold": f.threshold.astype(np.float32)}, {"D": D.astype(np.float64)}, {"I": I[:5]}):
