@@ -480,7 +480,7 @@ static int run_at(Search *s, int ef, float *D, int64_t *I, Py_ssize_t k) {
     return 0;
 }
 
-static int check_started(Search *s) {
+static int check_initialised(Search *s) {
     if (!s->g) PyErr_SetString(PyExc_ValueError, "the search is not initialised");
     return s->g ? 0 : -1;
 }
@@ -489,7 +489,7 @@ static PyObject *search_run(Search *s, PyObject *args) {
     int ef;
     PyObject *Do, *Io;
     if (!PyArg_ParseTuple(args, "iOO", &ef, &Do, &Io)) return NULL;
-    if (check_started(s) < 0) return NULL;
+    if (check_initialised(s) < 0) return NULL;
     if (ef < 1) {
         PyErr_SetString(PyExc_ValueError, "ef must be at least 1");
         return NULL;
@@ -535,7 +535,7 @@ static PyObject *search_serve(Search *s, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOOnOOdpOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &n_features,
                           &o[7], &o[8], &bar, &monotone, &o[9], &o[10], &o[11]))
         return NULL;
-    if (check_started(s) < 0) return NULL;
+    if (check_initialised(s) < 0) return NULL;
     if (s->started) {
         PyErr_SetString(PyExc_ValueError, "serve starts a search: this one has run already");
         return NULL;
