@@ -52,8 +52,15 @@ def fixed_rows(index, params, Q: np.ndarray, truth: np.ndarray, curve: list[dict
             rec.append(len(set(h.rows.tolist()) & set(truth[i].tolist())) / K)
             work.append(h.work)
         out[t] = {"effort": int(e), "recall": float(np.mean(rec)), "p50_work": float(np.median(work)),
-                  "p95_work": float(np.percentile(work, 95))}
+                  "p95_work": float(np.percentile(work, 95)), "mean_work": float(np.mean(work))}
     return out
+
+
+def fixed_line(target: float, f: dict) -> str:
+    """The Markdown row of a target's fixed effort (:func:`fixed_rows`) in the effort benchmarks' tables: target,
+    choice, probe, recall, median work, ratio, mean work, ratio, share at the probe (the ratios 1.00x)."""
+    return (f"| {target:g} | — | fixed efSearch {f['effort']} | {f['recall']:.4f} | {f['p50_work']:,.0f} | 1.00x | "
+            f"{f['mean_work']:,.0f} | 1.00x | — |")
 
 
 def cap_rows(index, params, X, QT, tt, QE, te, curve, cap: float) -> list[dict]:
@@ -113,7 +120,8 @@ def corpus_parser(doc: str, results: str) -> argparse.ArgumentParser:
 
 def tuned_index(args) -> dict:
     """The debdocs prefix (2,000 training and 1,000 test queries), its HNSW index (M = 32, one thread), the
-    training queries' exhaustive top-k and the effort curve tuned on them, as :mod:`bench.scale` tunes it."""
+    training (``tt``) and test (``te``) queries' exhaustive top-k, the effort curve tuned on the training queries
+    as :mod:`bench.scale` tunes it, and the tuned fixed efforts on the test queries (``fixed``, :func:`fixed_rows`)."""
     import faiss
     faiss.omp_set_num_threads(1)
     data = load_debdocs(args.home, args.debdocs, args.n, 2000, 1000)
@@ -123,8 +131,10 @@ def tuned_index(args) -> dict:
     index = ann.build_index(X, params)
     tt = ann.exhaustive_top_k(X, QT, K)
     curve = ann.tune_effort(index, params, X, QT, k=K, truth=tt, stop_at=0.997, refine_for=ANN_TARGETS)
-    return {"X": X, "QT": QT, "QE": np.ascontiguousarray(data["Q_test"], np.float32), "params": params,
-            "index": index, "tt": tt, "curve": curve}
+    QE = np.ascontiguousarray(data["Q_test"], np.float32)
+    te = ann.exhaustive_top_k(X, QE, K)
+    return {"X": X, "QT": QT, "QE": QE, "params": params, "index": index, "tt": tt, "te": te, "curve": curve,
+            "fixed": fixed_rows(index, params, QE, te, curve)}
 
 
 def write(out: Path, report: dict, md: str) -> None:
@@ -140,9 +150,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     c = tuned_index(args)
-    X, QT, QE, params, index, tt, curve = (c[k] for k in ("X", "QT", "QE", "params", "index", "tt", "curve"))
-    te = ann.exhaustive_top_k(X, QE, K)
-    fixed = fixed_rows(index, params, QE, te, curve)
+    X, QT, QE, params, index, tt, te, curve, fixed = (c[k] for k in ("X", "QT", "QE", "params", "index", "tt", "te",
+                                                                     "curve", "fixed"))
     print("fixed:", fixed, flush=True)
     rows = []
     for cap in args.caps:

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from adawidth import recall_policy
-from bench.ann_effort_cap import K, corpus_parser, fixed_rows, tuned_index, write
+from bench.ann_effort_cap import K, corpus_parser, fixed_line, tuned_index, write
 from bench.common import machine
 from bench.scale import ANN_TARGETS
 from engine import ann
@@ -75,8 +75,7 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         f = report["fixed"][str(r["target"])]
-        lines.append(f"| {r['target']:g} | — | fixed efSearch {f['effort']} | {f['recall']:.4f} | "
-                     f"{f['p50_work']:,.0f} | 1.00x | {f['mean_work']:,.0f} | 1.00x | — |")
+        lines.append(fixed_line(r["target"], f))
         for who in ("model", "oracle"):
             c = r[who]
             lines.append(f"| {r['target']:g} | {r['probe']} | {who} | {c['recall']:.4f} | {c['p50_work']:,.0f} | "
@@ -89,11 +88,8 @@ def main(argv=None) -> None:
     args = corpus_parser(__doc__, "effort_oracle").parse_args(argv)
     t0 = time.perf_counter()
     c = tuned_index(args)
-    X, QT, QE, params, index, tt, curve = (c[k] for k in ("X", "QT", "QE", "params", "index", "tt", "curve"))
-    te = ann.exhaustive_top_k(X, QE, K)
-    fixed = fixed_rows(index, params, QE, te, curve)
-    for t, f in fixed.items():  # fixed_rows gives the median; the mean as well
-        f["mean_work"] = float(np.mean([ann.search(index, params.kind, q, K, f["effort"]).work for q in QE]))
+    X, QT, QE, params, index, tt, te, curve, fixed = (c[k] for k in ("X", "QT", "QE", "params", "index", "tt", "te",
+                                                                     "curve", "fixed"))
     fits = fit_effort_models(index, params, X, QT, curve, k=K, truth=tt, targets=ANN_TARGETS,
                              energy=ann.index_space(args.kind) == "rotated")
     rows = []
