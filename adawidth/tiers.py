@@ -18,6 +18,8 @@ import numpy as np
 
 TIERS: tuple[str, ...] = ("mips", "maxsim", "cross_encoder")
 """Tier names in order of cost (index = class of the difficulty head)."""
+RERANK_TIERS: tuple[str, ...] = TIERS[1:]
+"""The tiers that rerank the MIPS candidates (the expensive ones)."""
 
 RERANK_DEPTH = 50
 """Candidates reranked by the MaxSim and cross-encoder tiers (Algorithm 1 of 000, k = 50)."""

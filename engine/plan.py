@@ -35,9 +35,11 @@ from adawidth import hybrid
 from adawidth.tiers import RERANK_DEPTH
 
 FilterScalar = Annotated[str, StringConstraints(strict=True, max_length=256)] | StrictInt | StrictBool
+MAX_FILTER_VALUES = 100
+"""Most values one filter field's list may hold (any of them matches)."""
 FilterValues = Annotated[
     dict[Annotated[str, StringConstraints(min_length=1, max_length=64)],
-         FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=100)]],
+         FilterScalar | Annotated[list[FilterScalar], Field(min_length=1, max_length=MAX_FILTER_VALUES)]],
     Field(max_length=16)]
 """Request filter: at most 16 fields (1..64 characters), each a keyword (string of at most 256 characters,
 integer or boolean) or a list of 1..100 keywords (any of them matches)."""
@@ -266,6 +268,9 @@ def resolve_plan(spec: SearchSpec, defaults: PlanDefaults, caps: Capabilities,
     if fusion not in FUSIONS:
         raise PlanError("unknown_fusion", f"fusion must be one of {', '.join(FUSIONS)}", "fusion")
     alpha = defaults.hybrid_alpha if spec.alpha is None else _unit_interval(spec.alpha, "alpha_out_of_range", "alpha")
+    if mode != "hybrid" and (spec.fusion is not None or spec.alpha is not None):  # else silently ignored
+        raise PlanError("policy_conflict", "fusion and alpha apply to mode 'hybrid' only (send \"mode\": "
+                                           "\"hybrid\")", "fusion" if spec.fusion is not None else "alpha")
     parsed = hybrid.parse_query(query)
 
     width = spec.width

@@ -14,7 +14,9 @@ only after that.
 * one record a line, ``{"crc":"<crc32 of REC, 8 hex>","rec":REC}`` where ``REC`` is the record's compact
   JSON (UTF-8), so every line is JSON and a torn or corrupted line is detected;
 * on open, a last record of the last segment that is torn (a kill -9 or power loss mid-append: it was
-  never acknowledged) is dropped and the file truncated to the last whole record; a bad record anywhere
+  never acknowledged) is dropped and the file truncated to the last whole record, with a warning in the log
+  and the dropped bytes kept in ``<segment>.torn-<byte>`` (a record corrupted on disk after it was
+  acknowledged reads the same as a torn one; the kept bytes let an operator tell); a bad record anywhere
   else, or a gap in the sequence numbers, is :class:`WalCorrupt` (never silently skipped);
 * an exclusive ``flock`` on ``wal/LOCK``: one writer process a collection (a second gets
   :class:`WalLocked`; it is released by the kernel when the holder dies, kill -9 included).
@@ -39,6 +41,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
+import logging
 import os
 import threading
 import zlib
@@ -49,6 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.io import atomic
+
+log = logging.getLogger(__name__)
 
 SEGMENT_DIGITS = 20
 CUT_FILE = "CUT"
@@ -289,16 +294,30 @@ class FileWriteLog(WriteLog):
                 self._last = seqs[-1]
             if last_segment:
                 if good_bytes < seg.stat().st_size:  # a torn last record: never acknowledged, dropped
-                    with open(seg, "r+b") as f:
-                        f.truncate(good_bytes)
-                        f.flush()
-                        os.fsync(f.fileno())
+                    self._drop_tail(seg, good_bytes, seqs[-1] if seqs else first - 1)
                 if not seqs:
                     seg.unlink()
                     self._fsync_dir()
                 else:
                     self._open_segment(seg)
         self._last = max(self._last, cut)
+
+    def _drop_tail(self, seg: Path, good_bytes: int, last_good: int) -> None:
+        """Truncate ``seg`` to its last whole record (``good_bytes``), keeping the dropped bytes beside it in
+        ``<segment>.torn-<good_bytes>`` (never read as a segment) and saying so in the log: a record torn by a
+        crash mid-append was never acknowledged, but one corrupted on disk after its fsync reads the same."""
+        data = seg.read_bytes()
+        kept = seg.with_name(f"{seg.name}.torn-{good_bytes}")
+        kept.write_bytes(data[good_bytes:])
+        with open(seg, "r+b") as f:
+            f.truncate(good_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        self._fsync_dir()
+        log.warning("write-ahead log %s: dropped an unreadable last record after record %d (%d bytes at byte %d "
+                    "of %s: a write torn by a crash, never acknowledged, or a record corrupted on disk); its bytes "
+                    "are kept in %s", self.directory, last_good, len(data) - good_bytes, good_bytes, seg.name,
+                    kept.name)
 
     @staticmethod
     def _scan(seg: Path, *, tolerate_torn_tail: bool) -> tuple[int, list[int]]:

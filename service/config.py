@@ -147,6 +147,14 @@ class GatewaySettings(BaseSettings):
         10.0, gt=0.0, description="Per-request deadline of a search from its arrival, in seconds "
                                   "(503 deadline_exceeded when reached, queue wait included).")
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 overloaded, in seconds.")
+    max_concurrent_reranks: int = Field(
+        1, ge=0, description="Requests with a reranking tier ('maxsim', 'cross_encoder') running at once, in "
+                             "requests, on workers of their own, so they never hold the ordinary searches' "
+                             "workers or queue; 0 refuses those tiers (409 tier_unavailable). 'auto' routing is "
+                             "not counted here (the difficulty head sends few queries to a reranking tier).")
+    max_queued_reranks: int = Field(
+        2, ge=0, description="Requests with a reranking tier waiting for a rerank worker, in requests; beyond it "
+                             "429 overloaded.")
 
     # batch search and the query-embedding cache (issue 17)
     max_batch: int = Field(256, ge=1, description="Most queries one batch search may hold (413 batch_too_large "

@@ -16,7 +16,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 from pydantic import BaseModel, ValidationError
 
-from engine.plan import PlanDefaults, has_lone_surrogate
+from engine.plan import MAX_FILTER_VALUES, PlanDefaults, has_lone_surrogate
 from service.config import GatewaySettings
 from service.errors import MAX_ECHO_CHARS, ApiError, safe_text
 
@@ -49,6 +49,12 @@ def validation_error(err: ValidationError) -> ApiError:
         return ApiError("unknown_field", f"unknown field {shown}", loc)
     if kind == "missing":
         return ApiError("missing_field", f"field {shown} is required", loc)
+    if loc and loc.startswith("filter.") and any(e.get("type") in ("too_short", "too_long")
+                                                 for e in err.errors() if e.get("loc", ())[:1] == ("filter",)):
+        # a list of values of the wrong length: pydantic's first error is the union's other member ("should be a
+        # valid string"), which names the wrong problem
+        return ApiError("invalid_filter", f"field {shown}: a list of values must hold 1 to {MAX_FILTER_VALUES} "
+                                          "values", "filter")
     for prefix, code in (("mode", "unknown_mode"), ("fusion", "unknown_fusion"), ("filter", "invalid_filter"),
                          ("tier", "unknown_tier"), ("policy", "unknown_policy")):
         if loc and loc.startswith(prefix):

@@ -16,6 +16,7 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from adawidth.hybrid import Principal
+from adawidth.tiers import RERANK_TIERS
 from engine.encoder import OnnxEncoder
 from engine.index import IndexVersion
 from engine.pipeline import Pipeline, Result, capabilities
@@ -66,6 +67,10 @@ class GatewayState:
         self.load_errors: dict[str, str] = {}  # collection -> why it had no live version at start
         self.limiter = SearchLimiter(settings.max_concurrent_searches, settings.max_queued_searches,
                                      settings.retry_after_s)
+        # requests that ask for a reranking tier (one cold MaxSim request took 6 s on 2 cores): their own workers and
+        # queue, so a few of them cannot starve every other search of workers until its deadline
+        self.rerank_limiter = SearchLimiter(max(settings.max_concurrent_reranks, 1), settings.max_queued_reranks,
+                                            settings.retry_after_s)
         self.metrics.search_running.set_function(lambda: self.limiter.running)
         self.metrics.search_queued.set_function(lambda: self.limiter.queued)
         self._reload_lock = threading.Lock()
@@ -188,6 +193,7 @@ class GatewayState:
         """Stop every collection's registry follower (and a pinned collection's lease reports), the limiter and
         the online-CUS worker."""
         self.limiter.close()
+        self.rerank_limiter.close()
         self.online_cus.close()
         self.live_docs.close()
         for follower in (*self.followers.values(), *self.pinned_leases.values()):
@@ -212,9 +218,13 @@ class GatewayState:
             ApiError: the plan's code (:data:`engine.plan.PLAN_CODES`).
         """
         try:
-            return resolve_plan(spec, self.defaults, capabilities(version, self.rerankers()), principal)
+            plan = resolve_plan(spec, self.defaults, capabilities(version, self.rerankers()), principal)
         except PlanError as e:
             raise ApiError(e.code, e.message, e.field) from None
+        if plan.tier in RERANK_TIERS and self.settings.max_concurrent_reranks == 0:
+            raise ApiError("tier_unavailable", f"tier {plan.tier!r} is turned off on this replica "
+                                               "(max_concurrent_reranks = 0)", "tier")
+        return plan
 
     async def run(self, plan: Plan, version: IndexVersion, deadline: float) -> Result:
         """Run a plan on a worker (bounded concurrency, deadline), then count it in the metrics.
@@ -245,8 +255,9 @@ class GatewayState:
             out = pipeline.run(plans, version, check=lambda: check_deadline(dl), allowed=allowed)
             return out if delta is None else [merge_delta(p, version, r, delta) for p, r in zip(plans, out)]
 
+        limiter = self.rerank_limiter if any(p.tier in RERANK_TIERS for p in plans) else self.limiter
         try:
-            results = await self.limiter.run(work, deadline)
+            results = await limiter.run(work, deadline)
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",

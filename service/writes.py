@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import random
 import threading
@@ -78,8 +79,11 @@ def media_type(request: Request) -> str:
     raise ApiError("unsupported_media_type", "send the documents as application/json or application/x-ndjson")
 
 
-def check_id(value, field: str) -> str:
-    """A document id: a non-blank string of at most :data:`MAX_ID_CHARS` characters, valid Unicode.
+def check_id(value, field: str, *, new: bool = False) -> str:
+    """A document id: a non-blank string of at most :data:`MAX_ID_CHARS` characters, valid Unicode; an id a write
+    creates (``new``) holds no control character either (C0, DEL, C1: a newline or a NUL in an id cannot be put
+    in the path of ``GET /v1/collections/{name}/documents/{id}``), while a delete may still name an id written
+    before that rule.
 
     Raises:
         ApiError: ``invalid_id`` or ``invalid_unicode`` (422).
@@ -91,7 +95,13 @@ def check_id(value, field: str) -> str:
     if is_blank(value) or len(value) > MAX_ID_CHARS or value != value.strip():
         raise ApiError("invalid_id", f"a document id must be 1..{MAX_ID_CHARS} characters with a visible one "
                                      "and no surrounding whitespace", field)
+    if new and _CONTROL.search(value):
+        raise ApiError("invalid_id", "a document id must not contain control characters (U+0000-U+001F, "
+                                     "U+007F-U+009F)", field)
     return value
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _scalar_ok(v) -> bool:
@@ -143,7 +153,7 @@ def check_document(obj, i: int, max_chars: int) -> dict:
     for key in ("id", "text"):
         if key not in obj or obj[key] is None:
             raise ApiError("missing_field", f"every document needs {key!r}", f"{at}.{key}")
-    doc_id = check_id(obj["id"], f"{at}.id")
+    doc_id = check_id(obj["id"], f"{at}.id", new=True)
     title = obj.get("title")
     title = "" if title is None else title
     text = obj["text"]

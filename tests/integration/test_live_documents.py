@@ -235,6 +235,8 @@ BAD = [
     ([{"id": "a1", "text": None}], 422, "missing_field"),
     ([{"id": "", "text": "x"}], 422, "invalid_id"),
     ([{"id": 7, "text": "x"}], 422, "invalid_id"),
+    ([{"id": "a\nb", "text": "x"}], 422, "invalid_id"), ([{"id": "a\x00b", "text": "x"}], 422, "invalid_id"),
+    ([{"id": "a\x85b", "text": "x"}], 422, "invalid_id"),  # C1 (NEL): a path cannot hold it either
     ([{"id": "a1", "text": "one"}, {"id": "a1", "text": "two"}], 422, "duplicate_id"),
     ([{"id": "a1", "text": "x" * (MAX_CHARS + 1)}], 413, "document_too_long"),
     ([{"id": "a1", "title": "t" * MAX_CHARS, "text": "x"}], 413, "document_too_long"),

@@ -105,3 +105,36 @@ def test_k_beyond_the_cap_is_refused_before_any_work(make_gateway):
         assert enc.calls == 0 and state.limiter.admitted == 0
         r = post(client, {"query": Q, "k": 50})
         assert r.status_code == 200 and len(r.json()["results"]) == 50 and enc.calls == 1
+
+
+def test_reranking_tiers_have_their_own_workers_and_queue(make_gateway):
+    """A request for tier 'maxsim' takes a rerank slot, not an ordinary one: with the rerank worker busy a second
+    one is refused with 429 while an ordinary search is still admitted, and both finish once the gate opens."""
+    with make_gateway(max_concurrent_searches=1, max_queued_searches=0, max_concurrent_reranks=1,
+                      max_queued_reranks=0, search_deadline_s=300) as (client, state):
+        enc = gate(state)
+        with ThreadPoolExecutor(2) as pool:
+            try:
+                rerank = pool.submit(post, client, {"query": Q, "tier": "maxsim"})
+                assert enc.entered.wait(60)
+                wait_until(lambda: state.rerank_limiter.admitted == 1)
+                assert state.limiter.admitted == 0
+                r = post(client, {"query": Q, "tier": "maxsim"})
+                assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded", r.text
+                ordinary = pool.submit(post, client, {"query": Q})
+                wait_until(lambda: state.limiter.admitted == 1)
+            finally:
+                enc.release.set()
+            r = rerank.result(timeout=120)
+            assert r.status_code == 200 and r.json()["trace"]["tier"] == "maxsim", r.text
+            r = ordinary.result(timeout=120)
+            assert r.status_code == 200 and r.json()["trace"]["tier"] == "mips", r.text
+
+
+def test_no_rerank_workers_turns_the_reranking_tiers_off(make_gateway):
+    with make_gateway(max_concurrent_reranks=0) as (client, state):
+        for tier in ("maxsim", "cross_encoder"):
+            r = post(client, {"query": Q, "tier": tier})
+            assert r.status_code == 409, r.text
+            assert r.json()["error"]["code"] == "tier_unavailable" and r.json()["error"]["field"] == "tier"
+        assert post(client, {"query": Q}).status_code == 200

@@ -177,3 +177,16 @@ def test_gateway_refuses_to_start_with_an_invalid_collections_setting():
     r = subprocess.run([sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "default collection 'scifact' is not among collections nfcorpus" in r.stderr
+
+
+@pytest.mark.parametrize("values", [[], list(range(101))])
+def test_a_filter_list_of_the_wrong_length_names_the_limit(values):
+    """pydantic's first error for such a list is the union's other member ('should be a valid string'); the
+    answer names the 1..100 values a list may hold."""
+    from service.models import SearchRequest
+    from service.parsing import validation_error
+    with pytest.raises(ValidationError) as info:
+        SearchRequest.model_validate({"query": "q", "filter": {"tenant": values}})
+    err = validation_error(info.value)
+    assert (err.code, err.field) == ("invalid_filter", "filter")
+    assert "1 to 100 values" in err.message and "valid string" not in err.message

@@ -42,9 +42,11 @@ def unit(seed: int) -> np.ndarray:
 
 def retrieve(version, query: str, k: int, width, embedding: np.ndarray, *, mode: str = "dense", filter=None,
              fusion: str = "rrf", principal=None, depth: int = 100):
-    """One search as the gateway runs it: plan (its errors as the gateway's ApiError), then the pipeline."""
+    """One search as the gateway runs it: plan (its errors as the gateway's ApiError), then the pipeline.
+    ``fusion`` is sent in mode 'hybrid' only (elsewhere the gateway answers 422 policy_conflict)."""
     try:
-        plan = resolve_plan(SearchSpec(query=query, k=k, width=width, mode=mode, filter=filter, fusion=fusion),
+        plan = resolve_plan(SearchSpec(query=query, k=k, width=width, mode=mode, filter=filter,
+                                       fusion=fusion if mode == "hybrid" else None),
                             PlanDefaults(hybrid_depth=depth), capabilities(version), principal)
     except PlanError as e:
         raise ApiError(e.code, e.message, e.field) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,7 +51,7 @@ def test_one_writer_at_a_time(tmp_path):
 
 
 @pytest.mark.parametrize("cut", [1, 7, -2])
-def test_a_torn_last_record_is_dropped_and_the_log_goes_on(tmp_path, cut):
+def test_a_torn_last_record_is_dropped_and_the_log_goes_on(tmp_path, cut, caplog):
     log = FileWriteLog(tmp_path / "wal")
     for i in range(3):
         log.append(upsert(i))
@@ -58,9 +59,15 @@ def test_a_torn_last_record_is_dropped_and_the_log_goes_on(tmp_path, cut):
     seg = sorted((tmp_path / "wal").glob("*.jsonl"))[-1]
     data = seg.read_bytes()
     last = data[:-1].rfind(b"\n") + 1
-    seg.write_bytes(data[:last + (cut if cut > 0 else len(data) - last + cut)])  # part of record 3
-    log = FileWriteLog(tmp_path / "wal")
+    torn = data[:last + (cut if cut > 0 else len(data) - last + cut)]  # part of record 3
+    seg.write_bytes(torn)
+    with caplog.at_level(logging.WARNING, logger="engine.wal"):
+        log = FileWriteLog(tmp_path / "wal")
     assert log.last_seq == 2
+    # said, and the dropped bytes kept beside the segment (not read as one)
+    assert any("dropped an unreadable last record after record 2" in r.getMessage() for r in caplog.records)
+    assert (seg.parent / f"{seg.name}.torn-{last}").read_bytes() == torn[last:]
+    assert seg.read_bytes() == data[:last]
     assert log.append(upsert(9)) == 3
     assert [r["docs"][0]["id"] for r in log.replay(0)] == ["d0", "d1", "d9"]
     log.close()

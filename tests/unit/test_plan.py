@@ -81,6 +81,8 @@ def test_depth_covers_the_later_stages():
     ({"recall_target": math.inf}, "recall_target_out_of_range"),
     ({"policy": "router", "rho": -0.1}, "rho_out_of_range"), ({"policy": "router", "rho": math.nan}, "rho_out_of_range"),
     ({"alpha": 2}, "alpha_out_of_range"),
+    ({"alpha": 0.5}, "policy_conflict"), ({"fusion": "rrf"}, "policy_conflict"),  # fusion is hybrid's alone
+    ({"mode": "lexical", "fusion": "convex", "alpha": 0.3}, "policy_conflict"),
     ({"mode": "sparse"}, "unknown_mode"), ({"mode": "hybrid", "fusion": "max"}, "unknown_fusion"),
     ({"filter": {"colour": "red"}}, "unknown_filter_field"),
     ({"tier": "oracle"}, "unknown_tier"), ({"tier": "cross_encoder"}, "tier_unavailable"),
