@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from adawidth_client.errors import ApiError, ClientError, NotReadyError, ServerExited, TransportError
-from adawidth_client.models import (CollectionInfo, ErrorDetail, ReloadResult, SearchRequest, SearchResponse,
+from adawidth_client.models import (BatchItemError, CollectionInfo, ReloadResult, SearchRequest, SearchResponse,
                                     batch_path, batch_request_json, parse_batch_response, parse_collections,
                                     search_path)
 from adawidth_client.retry import RetryPolicy
@@ -207,7 +207,7 @@ class Client(_Base):
 
     def search_batch(self, queries: Sequence[str | dict | SearchRequest], k: int | None = None, width=None, *,
                      collection: str | None = None, timeout_s: float | None = None,
-                     **fields: Any) -> list[SearchResponse | ErrorDetail]:
+                     **fields: Any) -> list[SearchResponse | BatchItemError]:
         """Search many queries in one request (``POST /v1/collections/{name}/search/batch``): one admission
         slot, one deadline and one encoder call on the gateway (docs/API.md).
 
@@ -219,8 +219,9 @@ class Client(_Base):
                 ``/readyz``).
 
         Returns:
-            One slot per query, in request order: a :class:`SearchResponse`, or the :class:`ErrorDetail` of
-            that query alone (e.g. ``blank_query``); a bad query does not fail the batch.
+            One slot per query, in request order: a :class:`SearchResponse`, or the :class:`BatchItemError` of
+            that query alone (its ``code``, e.g. ``blank_query``, and the HTTP ``status`` a single search would
+            have got); a bad query does not fail the batch.
 
         Raises:
             ApiError: the batch as a whole was refused (413 ``batch_too_large`` or ``body_too_large``, 422
@@ -376,7 +377,7 @@ class AsyncClient(_Base):
 
     async def search_batch(self, queries: Sequence[str | dict | SearchRequest], k: int | None = None, width=None, *,
                            collection: str | None = None, timeout_s: float | None = None,
-                           **fields: Any) -> list[SearchResponse | ErrorDetail]:
+                           **fields: Any) -> list[SearchResponse | BatchItemError]:
         """See :meth:`Client.search_batch`."""
         requests = self._requests(queries, {"k": k, "width": width, **fields})
         name = collection or self.collection or await self._default_collection_name()

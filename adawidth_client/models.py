@@ -185,11 +185,39 @@ class ErrorDetail:
         return _parse(cls, data, "error")
 
 
-def parse_batch_item(item: Any) -> SearchResponse | ErrorDetail:
-    """One slot of a batch answer: ``{"results": ..., "trace": ...}`` or ``{"error": {...}, "status": int}``
-    (the slot's HTTP-equivalent status is not kept: the code says it, docs/API.md)."""
+@dataclass(frozen=True)
+class BatchItemError:
+    """A slot of a batch answer whose query was refused: the error a single search with that query would get
+    (``error``) and its HTTP status (``status``, e.g. 422 for ``blank_query``, 413 for ``query_too_long``).
+    ``code``, ``message`` and ``field`` read through to ``error``."""
+
+    error: ErrorDetail
+    status: int
+
+    @property
+    def code(self) -> str:
+        return self.error.code
+
+    @property
+    def message(self) -> str:
+        return self.error.message
+
+    @property
+    def field(self) -> str | None:
+        return self.error.field
+
+    @classmethod
+    def from_json(cls, data: Any) -> "BatchItemError":
+        r = _parse(cls, data, "batch slot error")
+        if not isinstance(r.status, int) or isinstance(r.status, bool):
+            raise MalformedResponse("batch slot error: status is not an integer")
+        return dataclasses.replace(r, error=ErrorDetail.from_json(r.error))
+
+
+def parse_batch_item(item: Any) -> SearchResponse | BatchItemError:
+    """One slot of a batch answer: ``{"results": ..., "trace": ...}`` or ``{"error": {...}, "status": int}``."""
     if isinstance(item, dict) and "error" in item:
-        return ErrorDetail.from_json(item["error"])
+        return BatchItemError.from_json(item)
     return SearchResponse.from_json(item)
 
 
@@ -209,7 +237,7 @@ def batch_request_json(requests: list[SearchRequest]) -> dict[str, Any]:
     return {"queries": [r.to_json() for r in requests]}
 
 
-def parse_batch_response(data: Any, expected: int) -> list[SearchResponse | ErrorDetail]:
+def parse_batch_response(data: Any, expected: int) -> list[SearchResponse | BatchItemError]:
     """The batch answer ``{"results": [slot, ...]}``, in request order.
 
     Raises:
@@ -265,5 +293,6 @@ class ReloadResult:
 
 
 MODELS_BY_SCHEMA = {"SearchResponse": SearchResponse, "Hit": Hit, "Trace": Trace, "ErrorDetail": ErrorDetail,
+                    "BatchItemError": BatchItemError,
                     "ReloadResponse": ReloadResult, "CollectionInfo": CollectionInfo}
 """OpenAPI component name -> the model mirroring it (the request body is checked as :class:`SearchRequest`)."""

@@ -233,7 +233,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
     async def readyz():
         """Readiness: 503 while the encoder or any served collection's live version is not loaded; else 200 with
         ``status`` "ready", or "degraded" when the registry is unreachable, a collection's registry live version
-        was refused here, a collection's write-ahead log follower (Redis) cannot follow the log, or a pinned
+        was refused here, a collection's write-ahead log follower (Redis) cannot follow the log, a collection's file
+        log is held by another process (the writer) or unreadable, or a pinned
         collection's lease report failed (the replica still serves its own live versions correctly, so it stays in
         rotation; see deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
         every served collection's live version, documents and registry view."""
@@ -254,6 +255,12 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         # a replica that cannot follow its collection's shared log (Redis) misses the other replicas' writes
         degraded += [f"collection {name!r}: write-ahead log follower: {err[:200]}" for name in state.collections
                      for err in (state.live_docs.follower_error(name),) if err]
+        # a replica that could not open its collection's file log (a second replica on the volume: the writer holds
+        # it) answers writes 503 and never sees the writes that are not yet folded into a version
+        degraded += [f"collection {name!r}: write-ahead log not open on this replica ({err[:200]}): writes answer "
+                     "503 writes_unavailable and this replica does not see the writes not yet folded into a version; "
+                     "send writes and reads that must see them to the writer, or set REDIS_URL"
+                     for name in state.collections for err in (state.live_docs.closed_reason(name),) if err]
         return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,

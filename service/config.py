@@ -150,8 +150,9 @@ class GatewaySettings(BaseSettings):
     max_concurrent_reranks: int = Field(
         1, ge=0, description="Requests with a reranking tier ('maxsim', 'cross_encoder') running at once, in "
                              "requests, on workers of their own, so they never hold the ordinary searches' "
-                             "workers or queue; 0 refuses those tiers (409 tier_unavailable). 'auto' routing is "
-                             "not counted here (the difficulty head sends few queries to a reranking tier).")
+                             "workers or queue; 0 refuses those tiers (409 tier_unavailable) and 'auto' serves "
+                             "mips. 'auto' routing is not counted here (the difficulty head sends few queries to "
+                             "a reranking tier; they run on the ordinary workers).")
     max_queued_reranks: int = Field(
         2, ge=0, description="Requests with a reranking tier waiting for a rerank worker, in requests; beyond it "
                              "429 overloaded.")

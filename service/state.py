@@ -203,8 +203,11 @@ class GatewayState:
 
     # -- search -----------------------------------------------------------------------------------
     def rerankers(self) -> dict:
-        """The DART rerankers this replica has loaded, by tier name."""
+        """The DART rerankers this replica serves, by tier name: those loaded, none when
+        ``max_concurrent_reranks`` is 0 (then ``tier: "auto"`` serves its predictions at ``mips``)."""
         out = {}
+        if self.settings.max_concurrent_reranks == 0:
+            return out
         if self.maxsim is not None:
             out["maxsim"] = self.maxsim
         if self.cross_encoder is not None:
@@ -217,14 +220,14 @@ class GatewayState:
         Raises:
             ApiError: the plan's code (:data:`engine.plan.PLAN_CODES`).
         """
+        tier = spec.tier or self.defaults.default_tier
+        if tier in RERANK_TIERS and self.settings.max_concurrent_reranks == 0:
+            raise ApiError("tier_unavailable", f"tier {tier!r} is turned off on this replica "
+                                               "(max_concurrent_reranks = 0)", "tier")
         try:
-            plan = resolve_plan(spec, self.defaults, capabilities(version, self.rerankers()), principal)
+            return resolve_plan(spec, self.defaults, capabilities(version, self.rerankers()), principal)
         except PlanError as e:
             raise ApiError(e.code, e.message, e.field) from None
-        if plan.tier in RERANK_TIERS and self.settings.max_concurrent_reranks == 0:
-            raise ApiError("tier_unavailable", f"tier {plan.tier!r} is turned off on this replica "
-                                               "(max_concurrent_reranks = 0)", "tier")
-        return plan
 
     async def run(self, plan: Plan, version: IndexVersion, deadline: float) -> Result:
         """Run a plan on a worker (bounded concurrency, deadline), then count it in the metrics.

@@ -433,6 +433,13 @@ class LiveDocuments:
             raise ApiError("not_ready", "the gateway is not ready for writes (no encoder or version loaded)")
         return live
 
+    def closed_reason(self, name: str) -> str | None:
+        """Why ``name``'s write-ahead log is not open on this replica (e.g. ``WalLocked``: another process, the
+        writer, holds the file log), or None when it is open, or followed (Redis: :meth:`follower_error`)."""
+        if name in self.live or name in self.followers:
+            return None
+        return self.errors.get(name)
+
     def follower_error(self, name: str) -> str | None:
         """The last error of ``name``'s log follower (Redis), None while it follows."""
         follower = self.followers.get(name)

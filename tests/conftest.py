@@ -8,6 +8,7 @@ embedding cache (``var/cache/embeddings.sqlite`` of the checkout) is shared with
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,9 +135,13 @@ def gateway_url(scifact_home):
 
 
 @pytest.fixture(scope="session")
-def app_client(scifact_home):
-    """An in-process TestClient over the same index (lifespan runs, so the index is loaded)."""
-    app = create_app(GatewaySettings(home=scifact_home, collection="scifact", redis_url=None), CollectorRegistry())
+def app_client(scifact_home, tmp_path_factory):
+    """An in-process TestClient over the same index (lifespan runs, so the index is loaded), on a copy of the
+    home without its write-ahead log: the session's gateway process holds that log, and a second replica of a
+    file log is degraded (it does not see the writer's writes)."""
+    home = tmp_path_factory.mktemp("app-client") / "home"
+    shutil.copytree(scifact_home, home, symlinks=True, ignore=shutil.ignore_patterns("wal", "gateway-*.log"))
+    app = create_app(GatewaySettings(home=home, collection="scifact", redis_url=None), CollectorRegistry())
     with TestClient(app) as client:
         yield client
 

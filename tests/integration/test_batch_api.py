@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from adawidth_client import ApiError, Client, ErrorDetail, SearchResponse
+from adawidth_client import ApiError, BatchItemError, Client, SearchResponse
 from engine.io.beir import load_qrels, load_queries
 from tests.conftest import SCIFACT, build_home, serve_home
 
@@ -82,7 +82,7 @@ def test_a_bad_item_is_answered_in_its_slot_and_the_others_are_searched(uncached
                    ("missing_field", "query", 422), ("invalid_type", None, 422)]
     with Client(uncached_url) as c:
         out = c.search_batch([q, "   ", {"query": q, "k": 4}], k=2)
-        assert isinstance(out[1], ErrorDetail) and out[1].code == "blank_query"
+        assert isinstance(out[1], BatchItemError) and (out[1].code, out[1].status) == ("blank_query", 422)
         assert len(out[0].results) == 2 and len(out[2].results) == 4
         assert counter(c.metrics(), 'adawidth_errors_total{code="blank_query"}') >= 2
 

@@ -154,6 +154,21 @@ def test_without_the_cross_encoder_auto_falls_back_and_the_explicit_tier_is_refu
         assert t["tier_predicted"] == "cross_encoder" and t["tier"] == "maxsim"
 
 
+def test_with_no_rerank_workers_auto_serves_mips_and_the_explicit_tiers_are_refused(tiers_home, encoder):
+    """max_concurrent_reranks = 0 turns the reranking tiers off: an explicit one gets 409 tier_unavailable naming
+    the setting, and 'auto' serves a head's reranking prediction at mips (the trace keeps the prediction)."""
+    with _client(tiers_home, max_concurrent_reranks=0) as c:
+        for tier in ("maxsim", "cross_encoder"):
+            r = c.post("/v1/search", json={"query": QUERIES[0], "tier": tier})
+            assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable", r.text
+            assert "max_concurrent_reranks" in r.json()["error"]["message"]
+        W = np.zeros((len(TIERS), c.app.state.gw.live.dimension), np.float32)
+        W[2] = encoder.encode([QUERIES[0]])[0]       # predicts the cross-encoder for this query
+        c.app.state.gw.live.tier_head = W
+        t = _search(c, QUERIES[0], tier="auto")["trace"]
+        assert t["tier_predicted"] == "cross_encoder" and t["tier"] == "mips" and t["reranked"] == 0
+
+
 def test_bad_tiers_get_clear_4xx(client, scifact_home):
     r = client.post("/v1/search", json={"query": "x", "tier": "colbert"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_tier"

@@ -203,6 +203,7 @@ def test_a_drift_beyond_the_threshold_refits(pristine_home, tmp_path, claims, en
 SCALE_UPSERTS = 10_000   # the issue's must-show scale
 SCALE_DELETES = 1_000    # half version documents, half new ones
 SCALE_BATCH = 100
+SEARCHER_PAUSE_S = 0.1   # between the concurrent searcher's batches
 QUOTES = set('"\u201c\u201d\u201e\u201f\u00ab\u00bb')
 
 
@@ -232,10 +233,12 @@ def corpus_sentences(n: int) -> list[str]:
 
 def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_after_folding(pristine_home,
                                                                                                tmp_path):
-    """The issue's must-show at its scale: 10,000 upserts and 1,000 deletes over HTTP.  Every upsert is top-1
-    for its own text at width "full" in the first search after its 202 (the delta segment) and after the fold
-    (the version); no deleted id is returned by any search sent after its delete's 202, checked by a searcher
-    running beside the writes and after the fold."""
+    """The issue's must-show at its scale: 10,000 upserts and 1,000 deletes over HTTP, the deletes interleaved
+    with the upserts (after each upsert batch, 5 version documents and the 5 victims of the batch before).
+    Every upsert is top-1 for its own text at width "full" in the first search after its 202 (the delta
+    segment) and after the fold (the version); no deleted id is returned by any search sent after its delete's
+    202, checked by a searcher running beside the writes (paced: one batch of 24 searches every
+    SEARCHER_PAUSE_S, so the writes are not starved on 2 cores), during the fold and after it."""
     home = copy_home(pristine_home, tmp_path / "home")
     base = store.read_live_pointer(coll_dir(home))
     base_ids = json.loads((coll_dir(home) / base / "doc_ids.json").read_text())
@@ -243,9 +246,12 @@ def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_
     texts = corpus_sentences(SCALE_UPSERTS)
     new = [(f"scale-{k:05d}", t) for k, t in enumerate(texts)]
     text_of = dict(new)
-    victims = base_ids[:SCALE_DELETES // 2] + [i for i, _ in new[::2 * SCALE_UPSERTS // SCALE_DELETES]]
+    half, stride = SCALE_DELETES // 2, 2 * SCALE_UPSERTS // SCALE_DELETES
+    victims = base_ids[:half] + [i for i, _ in new[::stride]]
     assert len(victims) == SCALE_DELETES
-    text_of.update({d: " ".join(base_texts[d][:1000].replace('"', " ").split()) for d in victims[:SCALE_DELETES // 2]})
+    per_batch = half * SCALE_BATCH // SCALE_UPSERTS  # version documents deleted after each upsert batch
+    assert per_batch * SCALE_UPSERTS == half * SCALE_BATCH and SCALE_BATCH % stride == 0
+    text_of.update({d: " ".join(base_texts[d][:1000].replace('"', " ").split()) for d in victims[:half]})
 
     acked_del: set[str] = set()
     violations: list = []
@@ -278,13 +284,17 @@ def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_
                     hit = {h["id"] for h in res["results"]} & gone
                     if hit:
                         violations.append(("deleted id returned", sorted(hit)[:3], q.get("mode"), q.get("width")))
+                stop.wait(SEARCHER_PAUSE_S)
 
-    with running(home) as gw, httpx.Client(base_url=gw.url, timeout=120) as http:
+    # a query-embedding cache that holds every text searched here (the 10,000 new ones and the victims'): the
+    # checks after the fold then search the folded version without encoding the 10,000 texts a second time
+    with running(home, ADAWIDTH_QUERY_CACHE_ENTRIES=str(2 * SCALE_UPSERTS)) as gw, \
+            httpx.Client(base_url=gw.url, timeout=120) as http:
         thread = threading.Thread(target=searcher, args=(gw.url,), daemon=True)
         thread.start()
         try:
             late = []
-            for start in range(0, SCALE_UPSERTS, SCALE_BATCH):
+            for b, start in enumerate(range(0, SCALE_UPSERTS, SCALE_BATCH)):
                 batch = new[start:start + SCALE_BATCH]
                 r = put(http, [{"id": i, "text": t} for i, t in batch])
                 assert r.status_code == 202, r.text
@@ -293,20 +303,26 @@ def test_ten_thousand_upserts_and_a_thousand_deletes_are_searchable_at_once_and_
                 assert r.status_code == 200, r.text
                 top = [res["results"][0]["id"] for res in r.json()["results"]]
                 late += [(i, got) for (i, _), got in zip(batch, top) if got != i]
-            assert not late, f"{len(late)} upserts were not top-1 for their own text: {late[:5]}"
-            for start in range(0, SCALE_DELETES, SCALE_BATCH):
-                chunk = victims[start:start + SCALE_BATCH]
+                # deletes between the upserts: version documents, and the new victims of the batch before
+                chunk = victims[b * per_batch:(b + 1) * per_batch] + [i for i, _ in new[max(start - SCALE_BATCH, 0):
+                                                                                      start:stride]]
                 r = http.post(f"{C}/documents/delete", json={"ids": chunk}, headers=AUTH)
                 assert r.status_code == 202, r.text
                 with lock:
                     acked_del.update(chunk)
+            assert not late, f"{len(late)} upserts were not top-1 for their own text: {late[:5]}"
+            rest = [i for i, _ in new[SCALE_UPSERTS - SCALE_BATCH::stride]]  # the new victims of the last batch
+            r = http.post(f"{C}/documents/delete", json={"ids": rest}, headers=AUTH)
+            assert r.status_code == 202, r.text
+            with lock:
+                acked_del.update(rest)
+            assert acked_del == set(victims)
             w = writes(http)
             assert (w["pending_upserts"], w["pending_deletes"]) == (SCALE_UPSERTS - SCALE_DELETES // 2,
                                                                     SCALE_DELETES)
 
             report = fold(home, "--promote")
             assert report["folded"] and report["promoted"] and report["folded_seq"] == w["last_accepted_seq"]
-            half = SCALE_DELETES // 2
             assert report["changes"] == {"upserted": SCALE_UPSERTS - half, "added": SCALE_UPSERTS - half,
                                          "replaced": 0, "deleted": half}
             assert report["documents"] == len(base_ids) + SCALE_UPSERTS - SCALE_DELETES

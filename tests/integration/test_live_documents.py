@@ -43,15 +43,16 @@ MAX_CHARS = 20_000
 class Gateway:
     """A gateway process of the test's own (so it can be killed with -9 and restarted on the same home)."""
 
-    def __init__(self, home: Path):
-        self.home, self.proc, self.url = home, None, None
+    def __init__(self, home: Path, **env: str):
+        """``env``: extra environment variables of the process (``ADAWIDTH_...`` settings)."""
+        self.home, self.proc, self.url, self.env = home, None, None, env
 
     def start(self) -> "Gateway":
         port = free_port()
         env = dict(os.environ, ADAWIDTH_HOME=str(self.home), ADAWIDTH_PORT=str(port), ADAWIDTH_COLLECTION="scifact",
                    ADAWIDTH_WRITE_API_KEY=WRITE_KEY, ADAWIDTH_MAX_WRITE_BODY_BYTES=str(MAX_BODY),
                    ADAWIDTH_MAX_DOCUMENT_CHARS=str(MAX_CHARS), ADAWIDTH_MAX_WRITE_BATCH="100",
-                   ADAWIDTH_ONLINE_CUS_SAMPLE_RATE="0")
+                   ADAWIDTH_ONLINE_CUS_SAMPLE_RATE="0", **self.env)
         for name in ("REDIS_URL", "ADAWIDTH_REDIS_URL"):
             env.pop(name, None)
         self.log_path = self.home / f"gateway-{port}.log"
@@ -75,8 +76,8 @@ class Gateway:
 
 
 @contextmanager
-def running(home: Path):
-    gw = Gateway(home).start()
+def running(home: Path, **env: str):
+    gw = Gateway(home, **env).start()
     try:
         yield gw
     finally:
@@ -348,6 +349,27 @@ def test_generated_writes_get_a_4xx_and_write_nothing_or_a_202_and_one_record(ga
 
     check()
     assert {202, 422} <= seen
+
+
+def test_a_second_replica_on_the_file_log_is_degraded_and_refuses_writes(pristine_home, tmp_path, claims):
+    """Two gateways on one home without Redis: the first holds the write-ahead log and is ready; the second
+    cannot open it, answers writes 503 writes_unavailable and says on /readyz (200 degraded) that it does not
+    see the writes not yet folded, rather than reporting ready while it misses them."""
+    home = copy_home(pristine_home, tmp_path / "home")
+    with running(home) as a, running(home) as b, httpx.Client(base_url=a.url, timeout=30) as ha, \
+            httpx.Client(base_url=b.url, timeout=30) as hb:
+        r = put(ha, [{"id": "writer-doc", "text": claims[0][1]}])
+        assert r.status_code == 202, r.text
+        ready = ha.get("/readyz").json()
+        assert ready["status"] == "ready", ready["degraded"]
+        r = hb.get("/readyz")
+        assert r.status_code == 200 and r.json()["status"] == "degraded", r.json()
+        reason = [d for d in r.json()["degraded"] if "write-ahead log not open" in d]
+        assert len(reason) == 1 and "WalLocked" in reason[0] and "REDIS_URL" in reason[0], r.json()["degraded"]
+        r = put(hb, [{"id": "second-doc", "text": claims[1][1]}])
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "writes_unavailable"), r.text
+        top = [search(h, claims[0][1], k=10, width="full")["results"][0]["id"] for h in (ha, hb)]
+        assert top[0] == "writer-doc" and top[1] != "writer-doc"  # what the reason says
 
 
 def test_every_acknowledged_write_survives_kill_9_during_a_burst(pristine_home, tmp_path, claims):

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from adawidth_client import (ApiError, AsyncClient, Client, ErrorDetail, NotReadyError, RetryPolicy, SearchRequest,
+from adawidth_client import (ApiError, AsyncClient, BatchItemError, Client, ErrorDetail, NotReadyError, RetryPolicy, SearchRequest,
                              SearchResponse, ServerExited, TransportError)
 from adawidth_client.errors import retry_after_seconds
 
@@ -221,7 +221,7 @@ def test_async_gives_up_and_does_not_retry_4xx(fake):
 # ------------------------------------------------------------------------------------------ batch, collections
 
 BATCH = {"results": [HIT, {"error": {"code": "blank_query", "message": "query must contain a visible character",
-                                     "field": "query"}}, HIT]}
+                                     "field": "query"}, "status": 422}, HIT]}
 
 
 def test_batch_sends_the_documented_shape_and_keeps_slots_in_order(fake):
@@ -235,7 +235,9 @@ def test_batch_sends_the_documented_shape_and_keeps_slots_in_order(fake):
                                                   {"query": " ", "k": 5, "width": "auto"},
                                                   {"query": "c", "k": 3, "width": 128}]}
         assert isinstance(out[0], SearchResponse) and isinstance(out[2], SearchResponse)
-        assert out[1] == ErrorDetail("blank_query", "query must contain a visible character", "query")
+        assert out[1] == BatchItemError(ErrorDetail("blank_query", "query must contain a visible character", "query"),
+                                        422)
+        assert (out[1].code, out[1].field, out[1].status) == ("blank_query", "query", 422)
         assert len(sleeps) == 1  # the batch as a whole was retried once after its 429
         c.search_batch(["x", "y", "z"], collection="nf corpus")
     assert gw.paths() == ["/readyz", "/v1/collections/scifact/search/batch", "/v1/collections/scifact/search/batch",
@@ -261,7 +263,7 @@ def test_async_batch_and_collections(fake):
             return await c.search_batch(["a", "", "b"]), await c.collections(), await c.search("q")
 
     batch, cols, one = asyncio.run(go())
-    assert [type(x).__name__ for x in batch] == ["SearchResponse", "ErrorDetail", "SearchResponse"]
+    assert [type(x).__name__ for x in batch] == ["SearchResponse", "BatchItemError", "SearchResponse"]
     assert cols[0].name == "c" and cols[0].documents == 5183 and cols[0].policies == ["auto", "full"]
     assert cols[0].extra == {"memory": 1} and one.ids == ["d1", "d2"]
     assert gw.paths()[-1] == "/v1/collections/c/search"
