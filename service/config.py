@@ -147,6 +147,10 @@ class GatewaySettings(BaseSettings):
         10.0, gt=0.0, description="Per-request deadline of a search from its arrival, in seconds "
                                   "(503 deadline_exceeded when reached, queue wait included).")
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with 429 overloaded, in seconds.")
+    write_body_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Longest wait for the body of a write (PUT documents, delete), in seconds "
+                                        "from the request's start; beyond it 408 body_timeout, so a client that "
+                                        "stalls mid-body does not hold its connection.")
     max_concurrent_reranks: int = Field(
         1, ge=0, description="Requests with a reranking tier ('maxsim', 'cross_encoder') running at once, in "
                              "requests, on workers of their own, so they never hold the ordinary searches' "
@@ -240,6 +244,14 @@ class GatewaySettings(BaseSettings):
             raise ValueError(f"the default collection {self.collection!r} is not among collections "
                              f"{', '.join(names)}; add it or set collection to one of them")
         self.collections = tuple(names)
+        return self
+
+    @model_validator(mode="after")
+    def _default_tier_servable(self) -> "GatewaySettings":
+        if self.default_tier in ("maxsim", "cross_encoder") and self.max_concurrent_reranks == 0:
+            raise ValueError(f"default_tier {self.default_tier!r} needs a rerank worker, but max_concurrent_reranks "
+                             "is 0 (every request without a tier would get 409 tier_unavailable); set default_tier "
+                             "to 'mips' or 'auto', or max_concurrent_reranks to 1 or more")
         return self
 
     @model_validator(mode="after")

@@ -496,9 +496,10 @@ def build_write_router(state) -> APIRouter:
                 NDJSON: {"schema": {"type": "string"}, "example": ex.UPSERT_NDJSON}}}})
     async def put_documents(request: Request, name: str):
         """Upsert documents: 202 ``{"seq": n}`` once durable (write-ahead log, fsync) and searchable."""
+        deadline = time.monotonic() + settings.write_body_timeout_s  # for the body (408 body_timeout)
         live = state.live_docs.of(name)
         ctype = media_type(request)
-        docs = parse_documents(await read_body(request, settings.max_write_body_bytes), ctype,
+        docs = parse_documents(await read_body(request, settings.max_write_body_bytes, deadline), ctype,
                                max_chars=settings.max_document_chars, max_batch=settings.max_write_batch)
         started = time.perf_counter()
         seq = await logged(live.upsert, docs)
@@ -511,10 +512,12 @@ def build_write_router(state) -> APIRouter:
             "required": ["ids"]}, "example": ex.DELETE_BODY}}}})
     async def delete_documents(request: Request, name: str):
         """Delete documents by id: 202 ``{"seq": n}`` once durable; no later search returns them."""
+        deadline = time.monotonic() + settings.write_body_timeout_s
         live = state.live_docs.of(name)
         if media_type(request) != "application/json":
             raise ApiError("unsupported_media_type", "send the ids as application/json")
-        ids = parse_delete(await read_body(request, settings.max_write_body_bytes), max_batch=settings.max_write_batch)
+        ids = parse_delete(await read_body(request, settings.max_write_body_bytes, deadline),
+                           max_batch=settings.max_write_batch)
         started = time.perf_counter()
         seq = await logged(live.delete, ids)
         return accepted(name, "delete", seq, len(ids), started)

@@ -159,14 +159,15 @@ def test_sampled_query_logging_is_truncated_and_escaped(make_gateway, caplog):
     assert "\n" not in msg and f"({len(query)} chars" in msg
 
 
-def _raw_request(url: str, body: bytes, declared: int):
-    """A socket to the gateway that sent a search's headers declaring ``declared`` bytes and then ``body``."""
+def _raw_request(url: str, body: bytes, declared: int, request_line: str = "POST /v1/search", headers: str = ""):
+    """A socket to the gateway that sent a request's headers (a search's by default) declaring ``declared``
+    bytes and then ``body``; ``headers``: extra header lines, each ending in CRLF."""
     import socket
     from urllib.parse import urlparse
 
     u = urlparse(url)
     s = socket.create_connection((u.hostname, u.port), timeout=30)
-    s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(f"{request_line} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}".encode()
               + f"Content-Length: {declared}\r\n\r\n".encode() + body)
     return s
 
@@ -224,3 +225,35 @@ def test_a_stalled_body_is_answered_408_and_a_vanished_client_is_not_a_server_er
         # and the gateway still answers
         r = httpx.post(f"{url}/v1/search", json={"query": Q, "k": 3})
         assert r.status_code == 200 and len(r.json()["results"]) == 3
+
+
+def test_a_stalled_write_body_is_answered_408_at_write_body_timeout_s(scifact_home, tmp_path):
+    """A write (upsert or delete) whose body stalls mid-way gets 408 body_timeout at write_body_timeout_s rather
+    than holding its connection; a whole write still gets its 202.  On a copy of the home without its log (the
+    session's gateway holds that one)."""
+    import shutil
+    import time as _time
+
+    import httpx
+
+    from tests.conftest import serve_home
+    from tests.live_support import AUTH, WRITE_KEY
+
+    home = tmp_path / "home"
+    shutil.copytree(scifact_home, home, symlinks=True, ignore=shutil.ignore_patterns("wal", "gateway-*.log"))
+    auth = f"Authorization: {AUTH['authorization']}\r\n"
+    with serve_home(home, "scifact", WRITE_API_KEY=WRITE_KEY, WRITE_BODY_TIMEOUT_S=1.5) as url:
+        for line, body in (("PUT /v1/collections/scifact/documents", b'[{"id": "stalled", "te'),
+                           ("POST /v1/collections/scifact/documents/delete", b'{"ids": ["sta')):
+            s = _raw_request(url, body, 100, line, auth)
+            t0 = _time.monotonic()
+            head = _read_response(s)
+            waited = _time.monotonic() - t0
+            s.close()
+            assert head.startswith("HTTP/1.1 408"), (line, head[:200])
+            assert '"code":"body_timeout"' in head.replace(" ", ""), head[-300:]
+            assert 1.0 <= waited < 10.0
+        r = httpx.put(f"{url}/v1/collections/scifact/documents", json=[{"id": "whole", "text": Q}], headers=AUTH)
+        assert r.status_code == 202, r.text
+        r = httpx.get(f"{url}/v1/collections/scifact/documents/stalled", headers=AUTH)
+        assert r.status_code == 404  # the stalled upsert wrote nothing

@@ -51,6 +51,15 @@ def test_strong_secrets_accepted_and_never_shown():
     assert GatewaySettings(write_api_key=STRONG).write_api_key.get_secret_value() == STRONG
 
 
+def test_a_reranking_default_tier_without_rerank_workers_is_refused_at_start():
+    # every request without a tier would get 409 tier_unavailable: refused when the settings are read
+    for tier in ("maxsim", "cross_encoder"):
+        with pytest.raises(ValidationError, match="max_concurrent_reranks"):
+            GatewaySettings(default_tier=tier, max_concurrent_reranks=0)
+        assert GatewaySettings(default_tier=tier).max_concurrent_reranks == 1
+    assert GatewaySettings(default_tier="auto", max_concurrent_reranks=0).default_tier == "auto"  # serves mips
+
+
 def test_gateway_refuses_to_start_with_a_placeholder_key_and_does_not_print_it():
     env = {"ADAWIDTH_ADMIN_API_KEY": "changeme-now", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-m", "service", "--port", "1"], cwd=ROOT, env=env,
