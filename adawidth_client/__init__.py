@@ -7,10 +7,10 @@ the readiness wait.  It depends on httpx only; it never imports the gateway.
 
 from adawidth_client.client import AsyncClient, Client
 from adawidth_client.errors import ApiError, ClientError, NotReadyError, ServerExited, TransportError
-from adawidth_client.models import (BatchItemError, CollectionInfo, ErrorDetail, Hit, MalformedResponse, ReloadResult, SearchRequest,
-                                    SearchResponse, Trace)
+from adawidth_client.models import (BatchItemError, CollectionInfo, ErrorDetail, Hit, MalformedResponse, ReloadResult,
+                                    SearchRequest, SearchResponse, Trace)
 from adawidth_client.retry import NO_RETRY, RetryPolicy
 
-__all__ = ["AsyncClient", "ApiError", "BatchItemError", "Client", "ClientError", "CollectionInfo", "ErrorDetail", "Hit",
-           "MalformedResponse", "NO_RETRY", "NotReadyError", "ReloadResult", "RetryPolicy", "SearchRequest",
+__all__ = ["AsyncClient", "ApiError", "BatchItemError", "Client", "ClientError", "CollectionInfo", "ErrorDetail",
+           "Hit", "MalformedResponse", "NO_RETRY", "NotReadyError", "ReloadResult", "RetryPolicy", "SearchRequest",
            "SearchResponse", "ServerExited", "Trace", "TransportError"]

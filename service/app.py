@@ -256,7 +256,7 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         degraded += [f"collection {name!r}: write-ahead log follower: {err[:200]}" for name in state.collections
                      for err in (state.live_docs.follower_error(name),) if err]
         # a replica that could not open its collection's file log (a second replica on the volume: the writer holds
-        # it) answers writes 503 and never sees the writes that are not yet folded into a version
+        # it) cannot write and never sees the writes that are not yet folded into a version
         degraded += [f"collection {name!r}: write-ahead log not open on this replica ({err[:200]}): it cannot "
                      "write and does not see the writes not yet folded into a version; send writes and reads that "
                      "must see them to the writer, or set REDIS_URL"
