@@ -142,6 +142,8 @@ class Trace:
     """ANN backends: multiply-adds of that probe (included in ``coordinates_scored``)."""
     served_exact_because: str | None = None
     """Set when a 'recall' request on an ANN version was served by the exact path, and why."""
+    tier_fallback_because: str | None = None
+    """Set when tier 'auto' picked a reranking tier but every rerank worker was taken, so mips served, and why."""
     delta: dict[str, int | bool] | None = None
     """Pending writes of the collection (null when none): documents in its delta segment, returned here, masked."""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from adawidth.tiers import RERANK_DEPTH
+from engine.candidates import Candidates
 from engine.plan import Capabilities, Plan, PlanDefaults, SearchSpec, resolve_plan
 from engine.query_cache import QueryEmbeddingCache
 from engine.stages import STAGES
@@ -32,7 +34,7 @@ from engine.stages.rotate import rotate
 from engine.stages.route import route
 from engine.stages.stage1 import allowed_mask, ann_or_exact, stage1
 
-__all__ = ["Pipeline", "Result", "capabilities", "STAGES"]
+__all__ = ["Pending", "Pipeline", "Result", "capabilities", "STAGES"]
 
 _DEFAULTS = PlanDefaults()  # frozen: one instance serves every offline call without its own defaults
 
@@ -68,6 +70,24 @@ def capabilities(version, rerankers: dict | None = None) -> Capabilities:
                         default_rho=version.default_rho,
                         filter_fields=None if lex is None else frozenset(lex.fields.field_names),
                         tiers=frozenset(tiers))
+
+
+@dataclass
+class Pending:
+    """One plan run up to its rerank (:meth:`Pipeline.start`): its candidates, the tier that will serve it
+    (``tier_predicted``: an ``auto`` plan's head's prediction, else None), its stage timings in seconds so far,
+    its start (``time.perf_counter()``, seconds), the documents its restriction allows (None: no restriction)
+    and its query embedding ((D,) float32, or None)."""
+
+    plan: Plan
+    version: object
+    candidates: Candidates
+    tier: str
+    predicted: str | None
+    timings: dict[str, float]
+    t0: float
+    allowed_documents: int | None
+    embedding: np.ndarray | None
 
 
 class Pipeline:
@@ -107,7 +127,16 @@ class Pipeline:
 
     def run(self, plans: Sequence[Plan], version, *, embeddings: np.ndarray | None = None,
             check: Callable[[], None] | None = None, allowed: np.ndarray | None = None) -> list[Result]:
-        """Run every plan against ``version``; results in the order of ``plans``.
+        """Run every plan against ``version``; results in the order of ``plans``: :meth:`start`, then
+        :meth:`finish` of each plan.  Arguments, returns and errors as :meth:`start`'s.
+        """
+        return [self.finish(p) for p in self.start(plans, version, embeddings=embeddings, check=check,
+                                                    allowed=allowed)]
+
+    def start(self, plans: Sequence[Plan], version, *, embeddings: np.ndarray | None = None,
+              check: Callable[[], None] | None = None, allowed: np.ndarray | None = None) -> list[Pending]:
+        """Every stage up to the rerank, for every plan: the candidates and the tier that will serve each (an
+        ``auto`` plan's head decides it here).  :meth:`finish` reranks and renders one.
 
         Args:
             plans: resolved plans (:func:`engine.plan.resolve_plan` against ``capabilities(version)``).
@@ -118,8 +147,8 @@ class Pipeline:
                 access policy and phrases, before any top-k), or None.
 
         Returns:
-            One :class:`engine.stages.render.Result` per plan.  Encoding is one call for all plans; its
-            duration is reported as every plan's ``encode`` timing.
+            One :class:`Pending` per plan (:meth:`run`: one :class:`engine.stages.render.Result`).  Encoding is
+            one call for all plans; its duration is reported as every plan's ``encode`` timing.
 
         Raises:
             engine.stage1.Stage1Unavailable: an external stage-1 engine did not answer.
@@ -143,11 +172,33 @@ class Pipeline:
             allowed = np.asarray(allowed, dtype=bool)
             if allowed.shape != (version.size,):
                 raise ValueError(f"allowed must be ({version.size},) bool, got shape {allowed.shape}")
-        return [self._one(p, version, E[i] if E is not None and dense[i] else None, t_encode, check, allowed)
+        return [self._first(p, version, E[i] if E is not None and dense[i] else None, t_encode, check, allowed)
                 for i, p in enumerate(plans)]
 
-    def _one(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check,
-             extra: np.ndarray | None) -> Result:
+    def finish(self, pending: Pending, tier: str | None = None, because: str | None = None) -> Result:
+        """The rerank and render of one :meth:`start` ed plan (the gateway runs a reranking tier's on its
+        rerank workers).
+
+        Args:
+            pending: what :meth:`start` returned for the plan.
+            tier: serve at this tier instead of ``pending.tier`` (the gateway's ``"mips"`` for an ``auto`` plan
+                when its rerank workers are all taken), or None.
+            because: why, for the trace's ``tier_fallback_because`` (with ``tier``).
+        """
+        c, timings = pending.candidates, pending.timings
+        served = pending.tier if tier is None else tier
+        if served != pending.tier:
+            c.trace["tier_fallback_because"] = because
+        t7 = time.perf_counter()
+        c = rerank(pending.plan, pending.version, c, served, self.rerankers)
+        timings["rerank"] = time.perf_counter() - t7
+        c.trace.update(tier=served, tier_predicted=pending.predicted)
+        timings["total"] = time.perf_counter() - pending.t0 + timings.get("encode", 0.0)
+        return render(pending.plan, pending.version, c, allowed_documents=pending.allowed_documents,
+                      embedding=pending.embedding if pending.plan.dense else None, timings=timings)
+
+    def _first(self, plan: Plan, version, embedding: np.ndarray | None, t_encode: float, check,
+               extra: np.ndarray | None) -> Pending:
         clock = time.perf_counter
         t0 = clock()
         timings: dict[str, float] = {}
@@ -185,10 +236,5 @@ class Pipeline:
             t6 = clock()
             c = fuse(plan, version, embedding, allowed, c, keep)
             timings["fuse"] = clock() - t6
-        t7 = clock()
-        c = rerank(plan, version, c, tier, self.rerankers)
-        timings["rerank"] = clock() - t7
-        c.trace.update(tier=tier, tier_predicted=predicted)
-        timings["total"] = clock() - t0 + timings.get("encode", 0.0)
-        return render(plan, version, c, allowed_documents=None if allowed is None else int(allowed.sum()),
-                      embedding=embedding if plan.dense else None, timings=timings)
+        return Pending(plan, version, c, tier, predicted, timings, t0,
+                       None if allowed is None else int(allowed.sum()), embedding)

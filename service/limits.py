@@ -45,12 +45,14 @@ class SearchLimiter:
         max_concurrent: worker threads (searches executing at once), >= 1.
         max_queued: admitted searches allowed to wait for a worker, >= 0.
         retry_after_s: value of the ``Retry-After`` header of a 429, in seconds.
+        name: the worker threads' name prefix (``search``, ``rerank``).
     """
 
-    def __init__(self, max_concurrent: int, max_queued: int, retry_after_s: int = 1):
+    def __init__(self, max_concurrent: int, max_queued: int, retry_after_s: int = 1, name: str = "search"):
         if max_concurrent < 1 or max_queued < 0:
             raise ValueError("max_concurrent must be >= 1 and max_queued >= 0")
         self.max_concurrent, self.max_queued, self.retry_after_s = max_concurrent, max_queued, retry_after_s
+        self.name = name
         self.admitted = 0
         self._running = 0
         self._lock = threading.Lock()
@@ -94,7 +96,7 @@ class SearchLimiter:
                     self._running -= 1
 
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="search")
+            self._executor = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix=self.name)
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, work)
         self.admitted += 1

@@ -50,6 +50,9 @@ class GatewayMetrics:
                                    registry=registry)
         self.tiers = Counter("adawidth_search_tier_total", "Searches by the DART tier that served them "
                              "(mips, maxsim, cross_encoder).", ["tier"], registry=registry)
+        self.tier_fallbacks = Counter("adawidth_tier_fallbacks_total", "Queries of tier 'auto' whose head picked a "
+                                      "reranking tier, served at mips because every rerank worker and queue slot "
+                                      "was taken.", registry=registry)
         self.routed = Counter("adawidth_routed_queries_total", "Queries the width router decided at the version's default rho (width 'auto', policy 'router', no client rho).", registry=registry)
         self.errors = Counter("adawidth_errors_total", "Client errors by machine-readable code.", ["code"],
                               registry=registry)

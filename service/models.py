@@ -119,6 +119,9 @@ class Trace(BaseModel):
                                           "(0 without a per-query model), included in coordinates_scored.")
     served_exact_because: str | None = Field(None, description="Set when a 'recall' request on an ANN version was "
                                              "served by the exact path instead, and why (e.g. recall_target 1.0).")
+    tier_fallback_because: str | None = Field(
+        None, description="Set when tier 'auto' picked a reranking tier ('tier_predicted') but every rerank worker "
+                          "and queue slot was taken, so the first stage's ranking was served ('tier' mips), and why.")
     delta: dict[str, int | bool] | None = Field(
         None, description="Pending writes of the collection (issue 18; null when there are none): 'documents' in "
                           "its delta segment, 'returned' of them in these results, 'masked' when deleted or "

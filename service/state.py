@@ -70,7 +70,7 @@ class GatewayState:
         # requests that ask for a reranking tier (one cold MaxSim request took 6 s on 2 cores): their own workers and
         # queue, so a few of them cannot starve every other search of workers until its deadline
         self.rerank_limiter = SearchLimiter(max(settings.max_concurrent_reranks, 1), settings.max_queued_reranks,
-                                            settings.retry_after_s)
+                                            settings.retry_after_s, name="rerank")
         self.metrics.search_running.set_function(lambda: self.limiter.running)
         self.metrics.search_queued.set_function(lambda: self.limiter.queued)
         self._reload_lock = threading.Lock()
@@ -253,18 +253,48 @@ class GatewayState:
         pipeline = Pipeline(self.encoder, self.rerankers(), self.query_cache)
         delta = self.live_docs.snapshot(version.collection)  # pending writes (issue 18), one view per batch
 
-        def work(dl):
-            allowed = delta.allowed(version) if delta is not None else None  # deletes and overrides
-            out = pipeline.run(plans, version, check=lambda: check_deadline(dl), allowed=allowed)
-            return out if delta is None else [merge_delta(p, version, r, delta) for p, r in zip(plans, out)]
+        # an explicit reranking tier runs on the rerank workers from the start; 'auto' runs its first stages on
+        # an ordinary worker and only the rerank of the plans its head sends to a reranking tier on a rerank
+        # worker, so that neither pool waits on the other's work
+        explicit = any(p.tier in RERANK_TIERS for p in plans)
 
-        limiter = self.rerank_limiter if any(p.tier in RERANK_TIERS for p in plans) else self.limiter
+        def start(dl):
+            allowed = delta.allowed(version) if delta is not None else None  # deletes and overrides
+            pending = pipeline.start(plans, version, check=lambda: check_deadline(dl), allowed=allowed)
+            # finished here, on this worker: everything on a rerank worker, else what needs no reranking
+            return pending, [None if p.tier in RERANK_TIERS and not explicit else pipeline.finish(p)
+                             for p in pending]
+
+        def rerank(todo):
+            def work(dl):
+                check_deadline(dl)
+                return [pipeline.finish(p) for p in todo]
+            return work
+
         try:
-            results = await limiter.run(work, deadline)
+            pending, results = await (self.rerank_limiter if explicit else self.limiter).run(start, deadline)
+            todo = [i for i, r in enumerate(results) if r is None]
+            if todo:
+                try:
+                    got = await self.rerank_limiter.run(rerank([pending[i] for i in todo]), deadline)
+                except ApiError as e:
+                    if e.code != "overloaded":
+                        raise
+                    # 'auto' only: every rerank worker and queue slot is taken, so serve its first stage's
+                    # ranking rather than refuse a request that asked for no tier (the trace says why)
+                    because = (f"every rerank worker and queue slot was taken (max_concurrent_reranks "
+                               f"{self.settings.max_concurrent_reranks}, max_queued_reranks "
+                               f"{self.settings.max_queued_reranks})")
+                    got = [pipeline.finish(pending[i], "mips", because) for i in todo]
+                    self.metrics.tier_fallbacks.inc(len(todo))
+                for i, r in zip(todo, got):
+                    results[i] = r
         except Stage1Unavailable as e:  # the stage-1 engine (Milvus) did not answer: retryable, not a 500
             log.error("stage 1 unavailable for %s: %s", version.version, e)
             raise ApiError("stage1_unavailable", "the stage-1 search engine did not answer; retry",
                            headers={"Retry-After": str(self.settings.retry_after_s)}) from e
+        if delta is not None:
+            results = [merge_delta(p, version, r, delta) for p, r in zip(plans, results)]
         for plan, result in zip(plans, results):
             self.observe(plan, version, result)
         return results

@@ -53,6 +53,7 @@ def render(plan: Plan, version, c: Candidates, *, allowed_documents: int | None,
         "stage1_backend": t.get("stage1_backend"), "effort": t.get("effort"), "effort_name": t.get("effort_name"),
         "effort_per_query": t.get("effort_per_query"), "probe_coordinates": t.get("probe_coordinates"),
         "served_exact_because": t.get("served_exact_because"),
+        "tier_fallback_because": t.get("tier_fallback_because"),
     }
     rows = np.asarray(c.rows, np.int64)
     doc_ids = version.doc_ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -178,3 +179,61 @@ def test_bad_tiers_get_clear_4xx(client, scifact_home):
         r = c.post("/v1/search", json={"query": "statins", "tier": "auto"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable"
         assert r.json()["error"]["field"] == "tier"
+
+
+class _GatedScorer:
+    """The replica's MaxSim scorer, held at a gate: records the thread each rerank runs on."""
+
+    def __init__(self, inner):
+        self.inner, self.threads = inner, []
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def score(self, *args):
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return self.inner.score(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_auto_reranks_on_a_rerank_worker_and_falls_back_to_mips_when_they_are_taken(tiers_home, encoder):
+    """Tier 'auto' runs its first stages on an ordinary worker and only its rerank on a rerank worker: while one
+    'auto' query's MaxSim rerank holds the only rerank worker, the only ordinary worker still serves a mips search
+    (before, the 'auto' query held it through its rerank and the search got 429), a second 'auto' query the head
+    sends to MaxSim is served at mips with tier_fallback_because (counted), and an explicit maxsim gets 429."""
+    limits = dict(max_concurrent_searches=1, max_queued_searches=0, max_concurrent_reranks=1, max_queued_reranks=0)
+    with _client(tiers_home, **limits) as c:
+        gw = c.app.state.gw
+        W = np.zeros((len(TIERS), gw.live.dimension), np.float32)
+        W[1] = encoder.encode([QUERIES[0]])[0]       # predicts maxsim for queries near QUERIES[0]
+        gw.live.tier_head = W
+        gated = gw.maxsim = _GatedScorer(gw.maxsim)
+        held = {}
+        t = threading.Thread(target=lambda: held.setdefault("r", c.post("/v1/search", json={
+            "query": QUERIES[0], "k": 10, "tier": "auto"})))
+        t.start()
+        try:
+            assert gated.entered.wait(60), "the 'auto' query never reached its rerank"
+            assert gated.threads[0].startswith("rerank"), gated.threads  # the rerank workers' thread
+            r = c.post("/v1/search", json={"query": QUERIES[1], "k": 10, "tier": "mips"})
+            assert r.status_code == 200, r.text           # the ordinary worker is free during the rerank
+            r = c.post("/v1/search", json={"query": QUERIES[0], "k": 10, "tier": "auto"})
+            assert r.status_code == 200, r.text
+            tr = r.json()["trace"]
+            assert tr["tier_predicted"] == "maxsim" and tr["tier"] == "mips" and tr["reranked"] == 0
+            assert "max_concurrent_reranks 1" in tr["tier_fallback_because"]
+            assert len(r.json()["results"]) == 10
+            r = c.post("/v1/search", json={"query": QUERIES[0], "k": 10, "tier": "maxsim"})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded", r.text
+        finally:
+            gated.gate.set()
+            t.join(60)
+        r = held["r"]
+        assert r.status_code == 200, r.text
+        tr = r.json()["trace"]
+        assert tr["tier_predicted"] == "maxsim" and tr["tier"] == "maxsim" and tr["reranked"] > 0
+        assert tr["tier_fallback_because"] is None
+        assert len(gated.threads) == 1                      # the fallback reranked nothing
+        assert "adawidth_tier_fallbacks_total 1.0" in c.get("/metrics").text
