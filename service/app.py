@@ -260,6 +260,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         degraded += [f"collection {name!r}: write-ahead log not open on this replica ({err[:200]}): it cannot "
                      "write and does not see the writes not yet folded into a version; send writes and reads that "
                      "must see them to the writer, or set REDIS_URL"
+                     + (f" (it takes the log over within {settings.wal_takeover_interval_s:g} s of the writer "
+                        "stopping)" if settings.wal_takeover_interval_s > 0 and "WalLocked" in err else "")
                      for name in state.collections for err in (state.live_docs.closed_reason(name),) if err]
         return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,

@@ -195,6 +195,11 @@ class GatewaySettings(BaseSettings):
     wal_follow_block_s: float = Field(1.0, gt=0, le=10, description="With REDIS_URL: longest XREAD BLOCK of a "
                                       "collection's log follower, in seconds (other replicas' writes are applied "
                                       "as soon as they are appended).")
+    wal_takeover_interval_s: float = Field(2.0, ge=0, le=60, description="Without REDIS_URL: how often, in "
+                                           "seconds, a replica whose collection's file write-ahead log another "
+                                           "process (the writer) holds tries to open it again, so that it takes the "
+                                           "log over (replays it, then serves its writes) once the writer stops; "
+                                           "0: never (a restart takes it over).")
 
     # lexical / hybrid lanes and access control (issue 6; docs/API.md)
     hybrid_fusion: Literal["rrf", "convex"] = Field(

@@ -38,7 +38,7 @@ from engine.encoder import encoder_fingerprint
 from engine.live import DegenerateDocument, LiveCollection, folded_seq, manifest_folded_seq
 from engine.plan import has_lone_surrogate, is_blank
 from engine.version import store
-from engine.wal import WalCorrupt, WalError, WalUnavailable
+from engine.wal import WalCorrupt, WalError, WalLocked, WalUnavailable
 from engine.write_logs import open_write_log
 from service import examples as ex
 from service.auth import require_write_key
@@ -288,6 +288,61 @@ class LogFollower:
             self._thread.join(timeout_s)
 
 
+class LogTakeover:
+    """The standby writer of one collection's file log: a daemon thread that, while another process (the writer)
+    holds the log's lock, tries to open it every ``wal_takeover_interval_s`` seconds, and once the writer is gone
+    opens it, replays it after the live version's folded sequence number (the writes this replica did not see)
+    and serves its writes from then on (:meth:`LiveDocuments._open_one`); ``/readyz`` then turns ``ready``.
+
+    Args:
+        docs: the :class:`LiveDocuments` it belongs to.
+        name: the collection.
+        versions: its :class:`service.version_manager.VersionManager`.
+        interval_s: seconds between two tries (> 0).
+    """
+
+    def __init__(self, docs: "LiveDocuments", name: str, versions, interval_s: float):
+        self.docs, self.name, self.versions, self.interval_s = docs, name, versions, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"wal-takeover-{name}", daemon=True)
+
+    def start(self) -> "LogTakeover":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        logged = False
+        while not self._stop.wait(self.interval_s):
+            try:
+                live = self.docs._open_one(self.name, self.versions)
+            except WalLocked:  # the writer still holds it
+                continue
+            except (WalError, OSError, DegenerateDocument) as e:
+                self.docs.errors[self.name] = f"{type(e).__name__}: {e}"
+                if not logged:
+                    log.error("taking over the write-ahead log of %s: %s (retrying)", self.name,
+                              self.docs.errors[self.name])
+                    logged = True
+                continue
+            except Exception:  # never let the thread die silently
+                log.exception("taking over the write-ahead log of %s failed; retrying", self.name)
+                continue
+            if self._stop.is_set():  # closing meanwhile: give the log back
+                self.docs.live.pop(self.name, None)
+                live.close()
+                return
+            self.docs.errors.pop(self.name, None)
+            log.warning("took over the write-ahead log of %s (its writer stopped): replayed up to seq %d; this "
+                        "replica now serves its writes", self.name, live.log.last_seq)
+            return
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop trying (a try under way finishes first)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
 class LiveDocuments:
     """The :class:`engine.live.LiveCollection` of every collection the gateway serves, opened at start.
 
@@ -305,6 +360,7 @@ class LiveDocuments:
         self.live: dict[str, LiveCollection] = {}
         self.errors: dict[str, str] = {}
         self.followers: dict[str, LogFollower] = {}
+        self.takeovers: dict[str, LogTakeover] = {}  # file logs another process holds: tried again
         self.pending = False  # True from the start of GatewayState.load until every log is replayed
         state.metrics.track_delta(self.segments)
 
@@ -350,6 +406,9 @@ class LiveDocuments:
             except (WalError, OSError, DegenerateDocument) as e:
                 self.errors[name] = f"{type(e).__name__}: {e}"
                 log.error("writes of %s unavailable: %s", name, self.errors[name])
+                interval = self.state.settings.wal_takeover_interval_s
+                if isinstance(e, WalLocked) and interval > 0 and name not in self.takeovers:
+                    self.takeovers[name] = LogTakeover(self, name, versions, interval).start()
                 if self.backend != "redis" or not isinstance(e, WalUnavailable):
                     continue
             if self.backend == "redis":
@@ -404,10 +463,12 @@ class LiveDocuments:
         versions.before_live, versions.on_live = before_live, on_live
 
     def close(self) -> None:
-        """Stop the followers and close every log (releases the writer locks and connections)."""
-        for follower in self.followers.values():
+        """Stop the followers and the takeovers and close every log (releases the writer locks and
+        connections)."""
+        for follower in (*self.followers.values(), *self.takeovers.values()):
             follower.stop()
         self.followers.clear()
+        self.takeovers.clear()
         for live in self.live.values():
             live.close()
         self.live.clear()
@@ -435,7 +496,8 @@ class LiveDocuments:
 
     def closed_reason(self, name: str) -> str | None:
         """Why ``name``'s write-ahead log is not open on this replica (e.g. ``WalLocked``: another process, the
-        writer, holds the file log), or None when it is open, or followed (Redis: :meth:`follower_error`)."""
+        writer, holds the file log: :class:`LogTakeover` tries again), or None when it is open, or followed
+        (Redis: :meth:`follower_error`)."""
         if name in self.live or name in self.followers:
             return None
         return self.errors.get(name)

@@ -351,13 +351,16 @@ def test_generated_writes_get_a_4xx_and_write_nothing_or_a_202_and_one_record(ga
     assert {202, 422} <= seen
 
 
-def test_a_second_replica_on_the_file_log_is_degraded_and_refuses_writes(pristine_home, tmp_path, claims):
+def test_a_second_replica_on_the_file_log_is_degraded_refuses_writes_and_takes_over_when_the_writer_stops(
+        pristine_home, tmp_path, claims):
     """Two gateways on one home without Redis: the first holds the write-ahead log and is ready; the second
     cannot open it, answers writes 503 writes_unavailable and says on /readyz (200 degraded) that it does not
-    see the writes not yet folded, rather than reporting ready while it misses them."""
+    see the writes not yet folded, rather than reporting ready while it misses them.  When the writer stops, the
+    second takes the log over within its wal_takeover_interval_s: it replays the writer's writes (its search
+    returns the writer's document), turns ready and accepts writes."""
     home = copy_home(pristine_home, tmp_path / "home")
-    with running(home) as a, running(home) as b, httpx.Client(base_url=a.url, timeout=30) as ha, \
-            httpx.Client(base_url=b.url, timeout=30) as hb:
+    with running(home) as a, running(home, ADAWIDTH_WAL_TAKEOVER_INTERVAL_S="0.5") as b, \
+            httpx.Client(base_url=a.url, timeout=30) as ha, httpx.Client(base_url=b.url, timeout=30) as hb:
         r = put(ha, [{"id": "writer-doc", "text": claims[0][1]}])
         assert r.status_code == 202, r.text
         ready = ha.get("/readyz").json()
@@ -370,6 +373,17 @@ def test_a_second_replica_on_the_file_log_is_degraded_and_refuses_writes(pristin
         assert (r.status_code, r.json()["error"]["code"]) == (503, "writes_unavailable"), r.text
         top = [search(h, claims[0][1], k=10, width="full")["results"][0]["id"] for h in (ha, hb)]
         assert top[0] == "writer-doc" and top[1] != "writer-doc"  # what the reason says
+        assert "takes the log over within 0.5 s" in reason[0]
+
+        a.stop()                                     # the writer goes: its lock with it
+        deadline = time.monotonic() + 20
+        while (ready := hb.get("/readyz").json())["status"] != "ready" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready["status"] == "ready", ready["degraded"]
+        assert search(hb, claims[0][1], k=10, width="full")["results"][0]["id"] == "writer-doc"  # replayed
+        r = put(hb, [{"id": "second-doc", "text": claims[1][1]}])
+        assert r.status_code == 202 and r.json()["seq"] == 2, r.text  # after the writer's seq 1, not reusing it
+        assert search(hb, claims[1][1], k=10, width="full")["results"][0]["id"] == "second-doc"
 
 
 def test_every_acknowledged_write_survives_kill_9_during_a_burst(pristine_home, tmp_path, claims):
