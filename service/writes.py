@@ -230,7 +230,29 @@ def parse_delete(raw: bytes, *, max_batch: int) -> list[str]:
 
 
 # -- the collections' write state ----------------------------------------------------------------------------------
-class LogFollower:
+class _LogThread:
+    """A daemon thread working on one collection's log (``_run``, until :meth:`stop`)."""
+
+    def __init__(self, docs: "LiveDocuments", name: str, versions, role: str):
+        self.docs, self.name, self.versions = docs, name, versions
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"wal-{role}-{name}", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread (a blocking read or a try under way finishes first)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+
+class LogFollower(_LogThread):
     """The follower of one collection's shared log (Redis): a daemon thread that waits in ``XREAD BLOCK``
     (:meth:`engine.wal.WriteLog.follow`) for records after the segment's last applied one and applies them
     (:meth:`engine.live.LiveCollection.catch_up`), so this replica's delta segment holds every replica's writes.
@@ -247,14 +269,9 @@ class LogFollower:
     """
 
     def __init__(self, docs: "LiveDocuments", name: str, versions, live: LiveCollection | None):
-        self.docs, self.name, self.versions, self.live = docs, name, versions, live
+        super().__init__(docs, name, versions, "follower")
+        self.live = live
         self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"wal-follower-{name}", daemon=True)
-
-    def start(self) -> "LogFollower":
-        self._thread.start()
-        return self
 
     def _run(self) -> None:
         block = float(self.docs.state.settings.wal_follow_block_s)
@@ -281,14 +298,9 @@ class LogFollower:
                 self.error = "unexpected error (see the gateway's log)"
                 self._stop.wait(FOLLOW_BACKOFF_MAX_S)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread (it leaves its blocking read within ``wal_follow_block_s``)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
 
 
-class LogTakeover:
+class LogTakeover(_LogThread):
     """The standby writer of one collection's file log: a daemon thread that, while another process (the writer)
     holds the log's lock, tries to open it every ``wal_takeover_interval_s`` seconds, and once the writer is gone
     opens it, replays it after the live version's folded sequence number (the writes this replica did not see)
@@ -302,13 +314,8 @@ class LogTakeover:
     """
 
     def __init__(self, docs: "LiveDocuments", name: str, versions, interval_s: float):
-        self.docs, self.name, self.versions, self.interval_s = docs, name, versions, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"wal-takeover-{name}", daemon=True)
-
-    def start(self) -> "LogTakeover":
-        self._thread.start()
-        return self
+        super().__init__(docs, name, versions, "takeover")
+        self.interval_s = interval_s
 
     def _run(self) -> None:
         logged = False
@@ -335,12 +342,6 @@ class LogTakeover:
             log.warning("took over the write-ahead log of %s (its writer stopped): replayed up to seq %d; this "
                         "replica now serves its writes", self.name, live.log.last_seq)
             return
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop trying (a try under way finishes first)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
 
 
 class LiveDocuments:
