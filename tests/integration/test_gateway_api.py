@@ -142,3 +142,18 @@ def test_unready_gateway_answers_503(tmp_path, encoder_dir):
         assert r.status_code == 503 and "no live version" in r.json()["reason"]
         r = post(client, {"query": Q})
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+
+
+def test_a_gateway_of_a_missing_collection_takes_no_write_ahead_log_lock(tmp_path, encoder_dir):
+    """ADAWIDTH_COLLECTION=nope (no such collection in the home): the gateway stays unready and neither creates nor
+    holds ``<index_root>/nope/wal/LOCK``, while running or after it stops (a gateway of that collection, once
+    built, would otherwise find its log locked)."""
+    app = create_app(GatewaySettings(home=tmp_path, collection="nope", encoder_dir=encoder_dir, redis_url=None),
+                     CollectorRegistry())
+    wal = tmp_path / "indexes" / "nope" / "wal"
+    with TestClient(app) as client:
+        r = client.get("/readyz")
+        assert r.status_code == 503 and "no live version" in r.json()["reason"]
+        assert not wal.exists()
+        assert "NoCollection" in app.state.gw.live_docs.closed_reason("nope")  # its writes are refused
+    assert not wal.exists() and not list(tmp_path.rglob("LOCK"))
