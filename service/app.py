@@ -49,7 +49,7 @@ from service.metrics import bounded_method
 from service.models import (BatchItemError, BatchSearchRequest, BatchSearchResponse, CollectionsResponse,
                             SearchRequest, SearchResponse, batch_request_schema, error_responses,
                             search_request_schema)
-from service.parsing import check_media_type, parse_json, read_body, validate
+from service.parsing import check_media_type, parse_json, read_body, route_validation_error, validate
 from service.state import GatewayState
 from service.writes import build_write_router
 
@@ -111,7 +111,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return await api_error(request, ApiError("invalid_request", "invalid request"))
+        # the admin bodies: the field at fault, coded as a search body's (missing_field, unknown_field, ...)
+        return await api_error(request, route_validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

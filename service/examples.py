@@ -156,6 +156,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, str | None]] = {
     "blank_query": ("query must contain a visible character", "query"),
     "invalid_version": ("[invalid_version] '../scifact' is not a valid version name", None),
     "invalid_request": ("invalid request", None),
+    "unknown_field": ("unknown field 'force'", "force"),
     "invalid_id": ("a document id must be a string", "[0].id"),
     "overloaded": ("too many searches in progress; retry later", None),
     "not_ready": ("no index version is loaded", None),
