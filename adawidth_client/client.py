@@ -9,14 +9,17 @@ Both take the same arguments and offer the same calls; only the async ones are a
         hits = c.search("vitamin D and multiple sclerosis", k=5, width="auto").results
 
 Every call raises :class:`~adawidth_client.errors.ApiError` (status, ``code``, message, field) for an error
-answer, after the retries of its :class:`~adawidth_client.retry.RetryPolicy` for 429 and 503, and
-:class:`~adawidth_client.errors.TransportError` when no answer came.  Sleeping and the clock are injectable
+answer, after the retries of its :class:`~adawidth_client.retry.RetryPolicy` for 429 and 503,
+:class:`~adawidth_client.errors.TransportError` when no answer came, and
+:class:`~adawidth_client.errors.ClientError` naming the field, before sending, for a request that JSON cannot
+carry (a NaN or infinite number, e.g. ``rho=float("nan")``).  Sleeping and the clock are injectable
 (``sleep``, ``clock``), so tests measure the waits without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +37,23 @@ from adawidth_client.retry import RetryPolicy
 DEFAULT_TIMEOUT_S = 10.0
 
 
+def _check_finite(value: Any, where: str) -> None:
+    """Refuse a float that JSON cannot carry (NaN, +-Infinity) anywhere in a request body.
+
+    Raises:
+        ClientError: naming the field (``rho``, ``queries[1].alpha``) and the value; nothing is sent.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ClientError(f"field {where or '(body)'!r} is {value!r}: JSON has no NaN or infinity; "
+                          "send a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
+
+
 @dataclass(frozen=True)
 class _Call:
     method: str
@@ -42,6 +62,9 @@ class _Call:
     admin: bool = False
     idempotent: bool = True
     timeout_s: float | None = None
+
+    def __post_init__(self):
+        _check_finite(self.json, "")  # httpx's json.dumps(allow_nan=False) would raise a bare ValueError
 
 
 class _Base:

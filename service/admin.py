@@ -23,8 +23,9 @@ each collection's follower picks its own change up.
 
 Errors: 401 ``missing_api_key`` / ``invalid_api_key``, 403 ``admin_disabled`` (no key configured),
 404 ``unknown_version`` / ``unknown_collection`` (reload of a collection not served), 409 ``reload_failed`` / 
-``no_previous`` / ``version_refused`` / ``gate_refused`` / ``conflict``, 422 ``invalid_version``,
-503 ``registry_unavailable`` / ``not_ready``.
+``no_previous`` / ``version_refused`` / ``gate_refused`` / ``conflict``, 422 ``invalid_version``, and for a
+malformed body 422 ``missing_field`` / ``unknown_field`` / ``invalid_type`` naming the field
+(:func:`service.parsing.route_validation_error`), 503 ``registry_unavailable`` / ``not_ready``.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def build_admin_router(state) -> APIRouter:
 
     @router.post("/reload", response_model=ReloadResponse, response_model_exclude_unset=True,
                  responses=error_responses(404, 409, 422, 503, examples={
-                     404: "unknown_collection", 409: "reload_failed", 422: "invalid_request"}))
+                     404: "unknown_collection", 409: "reload_failed", 422: "unknown_field"}))
     async def reload(body: ReloadBody | None = None):
         """Reconcile one collection (``collection``) or every collection served with the registry now; on any
         failure that collection's current version stays live (the others are still reconciled)."""
@@ -238,7 +239,7 @@ def build_admin_router(state) -> APIRouter:
     @router.post("/rollback", responses={**_ok("The registry state, live and previous swapped.",
                                                {"state": ex.STATE_ROLLED_BACK}),
                                            **error_responses(409, 422, 503, examples={
-                                               409: "no_previous", 422: "invalid_request",
+                                               409: "no_previous", 422: "unknown_field",
                                                503: "registry_unavailable"})})
     async def rollback(body: RollbackBody | None = None):
         """Swap live and previous; every replica follows."""

@@ -49,7 +49,7 @@ from service.metrics import bounded_method
 from service.models import (BatchItemError, BatchSearchRequest, BatchSearchResponse, CollectionsResponse,
                             SearchRequest, SearchResponse, batch_request_schema, error_responses,
                             search_request_schema)
-from service.parsing import check_media_type, parse_json, read_body, validate
+from service.parsing import check_media_type, parse_json, read_body, route_validation_error, validate
 from service.state import GatewayState
 from service.writes import build_write_router
 
@@ -111,7 +111,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return await api_error(request, ApiError("invalid_request", "invalid request"))
+        # the admin bodies: the field at fault, coded as a search body's (missing_field, unknown_field, ...)
+        return await api_error(request, route_validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -237,7 +238,10 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         log is held by another process (the writer) or unreadable, or a pinned
         collection's lease report failed (the replica still serves its own live versions correctly, so it stays in
         rotation; see deploy/CUTOVER.md).  The top-level version fields are the default collection's; ``collections`` holds
-        every served collection's live version, documents and registry view."""
+        every served collection's live version, documents, registry view and ``degraded`` reasons (its registry's
+        and its write-ahead log's, as the top-level ``degraded`` lists them).  ``tiers.rerank`` says, per reranking
+        tier, whether the default collection's live version can be served at it here, and why not (e.g.
+        ``max_concurrent_reranks = 0`` turns both off)."""
         per = {name: state.collection_status(name) for name in state.collections}
         missing = [name for name, c in per.items() if c["index_version"] is None]
         if state.encoder is None or missing:
@@ -252,21 +256,15 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         reg = {k: v for k, v in per[settings.collection].items() if k not in ("index_version", "documents")}
         degraded = list(reg["degraded"]) + [f"collection {name!r}: {d}" for name, c in per.items()
                                             if name != settings.collection for d in c["degraded"]]
-        # a replica that cannot follow its collection's shared log (Redis) misses the other replicas' writes
-        degraded += [f"collection {name!r}: write-ahead log follower: {err[:200]}" for name in state.collections
-                     for err in (state.live_docs.follower_error(name),) if err]
-        # a replica that could not open its collection's file log (a second replica on the volume: the writer holds
-        # it) cannot write and never sees the writes that are not yet folded into a version
-        degraded += [f"collection {name!r}: write-ahead log not open on this replica ({err[:200]}): it cannot "
-                     "write and does not see the writes not yet folded into a version; send writes and reads that "
-                     "must see them to the writer, or set REDIS_URL"
-                     + (f" (it takes the log over within {settings.wal_takeover_interval_s:g} s of the writer "
-                        "stopping)" if settings.wal_takeover_interval_s > 0 and "WalLocked" in err else "")
-                     for name in state.collections for err in (state.live_docs.closed_reason(name),) if err]
+        wal = {name: state.wal_degraded(name) for name in state.collections}
+        degraded += [f"collection {name!r}: {d}" for name in state.collections for d in wal[name]]
+        for name, c in per.items():  # each collection's entry lists its own reasons, the log's included
+            c["degraded"] = [*c["degraded"], *wal[name]]
         return {"status": "degraded" if degraded else "ready", "collection": live.collection,
                 "index_version": live.version, "documents": live.size, "encoder_providers": state.encoder.providers,
                 "tiers": {"default": state.settings.default_tier, "difficulty_head": live.tier_head is not None,
-                          "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None},
+                          "document_texts": live.texts is not None, "cross_encoder": state.cross_encoder is not None,
+                          "rerank": state.rerank_status(live)},
                 "stage1": live.backend_report(), **reg, "degraded": degraded, "collections": per}
 
 

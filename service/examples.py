@@ -51,7 +51,10 @@ REGISTRY_VIEW = {"registry": "file", "registry_revision": 7, "registry_live": LI
 READY = {
     "status": "ready", "collection": "scifact", "index_version": LIVE, "documents": 5183,
     "encoder_providers": ["CPUExecutionProvider"],
-    "tiers": {"default": "mips", "difficulty_head": True, "document_texts": True, "cross_encoder": False},
+    "tiers": {"default": "mips", "difficulty_head": True, "document_texts": True, "cross_encoder": False,
+              "rerank": {"maxsim": {"available": True, "reason": None},
+                         "cross_encoder": {"available": False,
+                                           "reason": "no cross_encoder scorer is loaded on this replica"}}},
     **REGISTRY_VIEW,
     "collections": {"scifact": {"index_version": LIVE, "documents": 5183, **REGISTRY_VIEW}}}
 NOT_READY = {
@@ -156,6 +159,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, str | None]] = {
     "blank_query": ("query must contain a visible character", "query"),
     "invalid_version": ("[invalid_version] '../scifact' is not a valid version name", None),
     "invalid_request": ("invalid request", None),
+    "unknown_field": ("unknown field 'force'", "force"),
     "invalid_id": ("a document id must be a string", "[0].id"),
     "overloaded": ("too many searches in progress; retry later", None),
     "not_ready": ("no index version is loaded", None),

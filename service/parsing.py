@@ -38,7 +38,38 @@ def _bounded_int(text: str) -> int:
 
 def validation_error(err: ValidationError) -> ApiError:
     """The one :class:`ApiError` of a pydantic validation failure (its first error decides the code)."""
-    first = err.errors()[0]
+    return _error_of(err.errors())
+
+
+_REQUEST_PARTS = ("body", "query", "path", "header", "cookie")
+
+
+def _without_part(loc) -> tuple:
+    """A FastAPI error location without its leading request part (``("body", "version")`` -> ``("version",)``)."""
+    loc = tuple(loc or ())
+    return loc[1:] if loc[:1] and loc[0] in _REQUEST_PARTS else loc
+
+
+def route_validation_error(errors: list[dict]) -> ApiError:
+    """The one :class:`ApiError` of FastAPI's validation of a route's declared body (the ``/admin/*`` bodies),
+    coded as a search body's failure is: ``missing_field`` / ``unknown_field`` / ``invalid_type`` naming the
+    field (``{}`` to ``POST /admin/publish``: ``missing_field`` ``version``); ``invalid_type`` for a body that
+    is not a JSON object; ``invalid_request`` when FastAPI names no error.
+
+    Args:
+        errors: :meth:`fastapi.exceptions.RequestValidationError.errors`, each ``loc`` led by where the value
+            was (``"body"``, ``"query"``, ...), which is not a field a client sent and is dropped.
+    """
+    if not errors:
+        return ApiError("invalid_request", "invalid request")
+    errors = [{**e, "loc": _without_part(e.get("loc"))} for e in errors]
+    if not any(not isinstance(p, int) for p in errors[0]["loc"]):  # the body itself: missing, or not an object
+        return ApiError("invalid_type", f"the body must be a JSON object ({errors[0].get('msg', 'invalid value')})")
+    return _error_of(errors)
+
+
+def _error_of(errors: list[dict]) -> ApiError:
+    first = errors[0]
     # the request's field, not pydantic's path into it: a union member's tag ("rho.float", "filter.a.constrained-str")
     # is not a field a client sent; only a filter's own key is kept ("filter.team")
     parts = [str(p) for p in first.get("loc", ()) if not isinstance(p, int)]
@@ -50,7 +81,7 @@ def validation_error(err: ValidationError) -> ApiError:
     if kind == "missing":
         return ApiError("missing_field", f"field {shown} is required", loc)
     if loc and loc.startswith("filter.") and any(e.get("type") in ("too_short", "too_long")
-                                                 for e in err.errors() if e.get("loc", ())[:1] == ("filter",)):
+                                                 for e in errors if e.get("loc", ())[:1] == ("filter",)):
         # a list of values of the wrong length: pydantic's first error is the union's other member ("should be a
         # valid string"), which names the wrong problem
         return ApiError("invalid_filter", f"field {shown}: a list of values must hold 1 to {MAX_FILTER_VALUES} "

@@ -214,6 +214,44 @@ class GatewayState:
             out["cross_encoder"] = self.cross_encoder
         return out
 
+    def rerank_status(self, version: IndexVersion) -> dict:
+        """``/readyz`` ``tiers.rerank``: each reranking tier (``maxsim``, ``cross_encoder``) ->
+        ``{"available": bool, "reason": str | None}``, whether ``version`` can be served at it on this replica
+        and, when not, why: the setting ``max_concurrent_reranks = 0`` (reranking turned off), no document texts
+        in the version, or no cross-encoder loaded."""
+        served = self.rerankers()
+        out = {}
+        for tier in RERANK_TIERS:
+            if self.settings.max_concurrent_reranks == 0:
+                reason = "reranking is turned off on this replica (max_concurrent_reranks = 0)"
+            elif version.texts is None:
+                reason = f"the live version {version.version} has no document texts"
+            elif tier not in served:
+                reason = f"no {tier} scorer is loaded on this replica"
+            else:
+                reason = None
+            out[tier] = {"available": reason is None, "reason": reason}
+        return out
+
+    def wal_degraded(self, name: str) -> list[str]:
+        """``/readyz`` degradation reasons of collection ``name``'s write-ahead log (none while it is open or
+        followed): its follower cannot follow the shared log (Redis: this replica misses the other replicas'
+        writes), or the log is not open here (a file log another process, the writer, holds, or unreadable: this
+        replica cannot write and does not see the writes not yet folded into a version)."""
+        out = []
+        err = self.live_docs.follower_error(name)
+        if err:
+            out.append(f"write-ahead log follower: {err[:200]}")
+        err = self.live_docs.closed_reason(name)
+        if err:
+            takeover = self.settings.wal_takeover_interval_s
+            out.append(f"write-ahead log not open on this replica ({err[:200]}): it cannot write and does not see "
+                       "the writes not yet folded into a version; send writes and reads that must see them to the "
+                       "writer, or set REDIS_URL"
+                       + (f" (it takes the log over within {takeover:g} s of the writer stopping)"
+                          if takeover > 0 and err.startswith("WalLocked") else ""))
+        return out
+
     def plan(self, spec: SearchSpec, version: IndexVersion, principal: Principal | None = None) -> Plan:
         """Resolve one request against ``version`` (every value check happens here, once).
 

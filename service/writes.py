@@ -387,8 +387,10 @@ class LiveDocuments:
         """Open every served collection's log and replay it after its live version's folded sequence number
         (call after the encoder and the live versions are loaded).  A collection whose log cannot be opened
         (another process holds it, a corrupt record, Redis unreachable or not fsyncing) serves reads and answers
-        its writes 503 ``writes_unavailable``; the reason is logged.  With Redis, a follower thread per collection
-        applies the other replicas' writes (and keeps trying to open a log that could not be opened)."""
+        its writes 503 ``writes_unavailable``; the reason is logged.  A collection with no version in the home
+        (``ADAWIDTH_COLLECTION=nope``) gets no file log: no ``wal/LOCK`` is created there nor held (its writes
+        answer 503 until a restart).  With Redis, a follower thread per collection applies the other replicas' writes (and keeps
+        trying to open a log that could not be opened)."""
         try:
             self._open()
         finally:
@@ -402,6 +404,13 @@ class LiveDocuments:
             if name in self.live or name in self.followers:  # opened already (a second load of the same state)
                 continue
             live = None
+            if self.backend == "file" and versions.live is None and not store.list_versions(
+                    Path(versions.index_root) / name):
+                # no such collection in the home (ADAWIDTH_COLLECTION=nope): opening its log would create
+                # <index_root>/<name>/wal/LOCK and hold the writer lock of a collection this gateway cannot serve
+                self.errors[name] = f"NoCollection: no version of {name!r} under {versions.index_root}"
+                log.error("writes of %s unavailable: %s", name, self.errors[name])
+                continue
             try:
                 live = self._open_one(name, versions)
             except (WalError, OSError, DegenerateDocument) as e:

@@ -56,6 +56,26 @@ def test_admin_requires_the_key_compared_in_constant_time(make_gateway, monkeypa
         assert post(client, {"query": Q}).status_code == 200  # search stays open without a search key
 
 
+def test_a_bad_admin_body_names_the_field_at_fault(make_gateway):
+    """The admin bodies are refused as a search body is: 422 with the machine-readable code and the field
+    (``{}`` to /admin/publish: missing_field ``version``), never a bare invalid_request."""
+    cases = [("/admin/publish", {}, "missing_field", "version"),
+             ("/admin/publish", {"version": "v1", "force": True}, "unknown_field", "force"),
+             ("/admin/publish", {"version": 7}, "invalid_type", "version"),
+             ("/admin/promote", {"skip_gate": [1]}, "invalid_type", "skip_gate"),
+             ("/admin/rollback", {"reason": 5}, "invalid_type", "reason"),
+             ("/admin/reload", {"collection": "x" * 129}, "invalid_type", "collection"),
+             ("/admin/publish", ["v1"], "invalid_type", None)]
+    with make_gateway(admin_api_key=STRONG_ADMIN_KEY) as (client, _):
+        for path, body, code, field in cases:
+            r = client.post(path, json=body, headers=ADMIN)
+            err = r.json()["error"]
+            assert (r.status_code, err["code"], err["field"]) == (422, code, field), (path, body, r.text)
+            assert repr(field) in err["message"] if field else "JSON object" in err["message"]
+        r = client.post("/admin/publish", json={}, headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401  # the key is still checked before the body
+
+
 def test_search_key_when_configured(make_gateway):
     with make_gateway(admin_api_key=STRONG_ADMIN_KEY, search_api_key=STRONG_SEARCH_KEY) as (client, _):
         r = post(client, {"query": Q})

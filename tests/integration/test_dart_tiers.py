@@ -118,8 +118,10 @@ def test_each_tier_answers_and_the_trace_names_it(client, encoder):
 
 
 def test_auto_follows_the_trained_head(client, encoder):
+    on = {"available": True, "reason": None}
     assert client.get("/readyz").json()["tiers"] == {"default": "mips", "difficulty_head": True,
-                                                     "document_texts": True, "cross_encoder": True}
+                                                     "document_texts": True, "cross_encoder": True,
+                                                     "rerank": {"maxsim": on, "cross_encoder": on}}
     version = client.app.state.gw.live
     for q in QUERIES:
         want = TIERS[int(predict_tier(version.tier_head, encoder.encode([q])[0]))]
@@ -159,6 +161,10 @@ def test_with_no_rerank_workers_auto_serves_mips_and_the_explicit_tiers_are_refu
     """max_concurrent_reranks = 0 turns the reranking tiers off: an explicit one gets 409 tier_unavailable naming
     the setting, and 'auto' serves a head's reranking prediction at mips (the trace keeps the prediction)."""
     with _client(tiers_home, max_concurrent_reranks=0) as c:
+        rerank = c.get("/readyz").json()["tiers"]["rerank"]  # what an operator sees
+        assert rerank == {t: {"available": False, "reason": "reranking is turned off on this replica "
+                                                            "(max_concurrent_reranks = 0)"}
+                          for t in ("maxsim", "cross_encoder")}
         for tier in ("maxsim", "cross_encoder"):
             r = c.post("/v1/search", json={"query": QUERIES[0], "tier": tier})
             assert r.status_code == 409 and r.json()["error"]["code"] == "tier_unavailable", r.text

@@ -1,11 +1,14 @@
 """The HTTP contract of POST /v1/search on a real SciFact index: answers, traces, and a 4xx for bad input."""
 
 import json
+import shutil
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from engine.wal import FileWriteLog
+from engine.write_logs import wal_directory
 from service.app import create_app
 from service.config import GatewaySettings
 
@@ -116,6 +119,11 @@ def test_health_ready_and_metrics(app_client):
     assert app_client.get("/healthz").json() == {"status": "ok"}
     ready = app_client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["documents"] == 5183
+    assert ready["collections"]["scifact"]["degraded"] == []
+    rerank = ready["tiers"]["rerank"]
+    assert set(rerank) == {"maxsim", "cross_encoder"}
+    assert all(e["available"] == (e["reason"] is None) for e in rerank.values())
+    assert not any("max_concurrent_reranks" in (e["reason"] or "") for e in rerank.values())  # reranking is on
     def counter(name: str) -> float:
         lines = [x for x in app_client.get("/metrics").text.splitlines() if x.startswith(name + " ")]
         return float(lines[0].split()[1])
@@ -134,6 +142,29 @@ def test_health_ready_and_metrics(app_client):
         assert series in text
 
 
+def test_readiness_says_reranking_is_off_and_each_collection_lists_its_log_reasons(scifact_home, make_gateway,
+                                                                                    tmp_path):
+    """max_concurrent_reranks = 0: ``tiers.rerank`` shows both reranking tiers unavailable, naming the setting.
+    A file write-ahead log held by another process (the writer): the collection's own ``degraded`` lists the
+    reason the top-level ``degraded`` gives for it."""
+    home = tmp_path / "home"
+    shutil.copytree(scifact_home, home, symlinks=True, ignore=shutil.ignore_patterns("wal", "gateway-*.log"))
+    writer = FileWriteLog(wal_directory(home / "indexes", "scifact"))  # its own open file: flock conflicts
+    try:
+        with make_gateway(home=home, max_concurrent_reranks=0, redis_url=None) as (client, _):
+            r = client.get("/readyz")
+    finally:
+        writer.close()
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "degraded", body
+    assert set(body["tiers"]["rerank"]) == {"maxsim", "cross_encoder"}
+    for entry in body["tiers"]["rerank"].values():
+        assert entry["available"] is False and "max_concurrent_reranks = 0" in entry["reason"], entry
+    own = body["collections"]["scifact"]["degraded"]
+    assert len(own) == 1 and "write-ahead log not open" in own[0] and "WalLocked" in own[0], own
+    assert body["degraded"] == [f"collection 'scifact': {own[0]}"]
+
+
 def test_unready_gateway_answers_503(tmp_path, encoder_dir):
     app = create_app(GatewaySettings(home=tmp_path, collection="nothing", encoder_dir=encoder_dir), CollectorRegistry())
     with TestClient(app) as client:
@@ -142,3 +173,18 @@ def test_unready_gateway_answers_503(tmp_path, encoder_dir):
         assert r.status_code == 503 and "no live version" in r.json()["reason"]
         r = post(client, {"query": Q})
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+
+
+def test_a_gateway_of_a_missing_collection_takes_no_write_ahead_log_lock(tmp_path, encoder_dir):
+    """ADAWIDTH_COLLECTION=nope (no such collection in the home): the gateway stays unready and neither creates nor
+    holds ``<index_root>/nope/wal/LOCK``, while running or after it stops (a gateway of that collection, once
+    built, would otherwise find its log locked)."""
+    app = create_app(GatewaySettings(home=tmp_path, collection="nope", encoder_dir=encoder_dir, redis_url=None),
+                     CollectorRegistry())
+    wal = tmp_path / "indexes" / "nope" / "wal"
+    with TestClient(app) as client:
+        r = client.get("/readyz")
+        assert r.status_code == 503 and "no live version" in r.json()["reason"]
+        assert not wal.exists()
+        assert "NoCollection" in app.state.gw.live_docs.closed_reason("nope")  # its writes are refused
+    assert not wal.exists() and not list(tmp_path.rglob("LOCK"))

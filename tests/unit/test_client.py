@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from adawidth_client import (ApiError, AsyncClient, BatchItemError, Client, ErrorDetail, NotReadyError, RetryPolicy, SearchRequest,
-                             SearchResponse, ServerExited, TransportError)
+from adawidth_client import (ApiError, AsyncClient, BatchItemError, Client, ClientError, ErrorDetail, NotReadyError,
+                             RetryPolicy, SearchRequest, SearchResponse, ServerExited, TransportError)
 from adawidth_client.errors import retry_after_seconds
 
 HIT = {"results": [{"id": "d1", "score": 0.9}, {"id": "d2", "score": 0.5}],
@@ -216,6 +217,28 @@ def test_async_gives_up_and_does_not_retry_4xx(fake):
     with pytest.raises(ApiError) as e:
         asyncio.run(go(bad.url, RetryPolicy()))
     assert (e.value.status, e.value.code, e.value.field) == (422, "blank_query", "query") and sleeps == []
+
+
+def test_a_field_json_cannot_carry_raises_a_client_error_naming_it_and_sends_nothing(fake):
+    gw = fake({"/v1/collections/c/search": [(200, {}, HIT)], "/v1/collections/c/search/batch": [(200, {}, BATCH)]})
+    with Client(gw.url, collection="c") as c:
+        for fields, name in (({"rho": float("nan")}, "rho"), ({"alpha": float("inf")}, "alpha"),
+                             ({"vector": [0.5, float("nan")]}, "vector[1]"),
+                             ({"filter": {"team": float("-inf")}}, "filter.team")):
+            with pytest.raises(ClientError, match=re.escape(repr(name))) as e:
+                c.search("q", policy="router", **fields)
+            assert not isinstance(e.value, ApiError)
+        with pytest.raises(ClientError, match=re.escape("'queries[1].recall_target'")):
+            c.search_batch(["a", {"query": "b", "recall_target": float("nan")}])
+        assert c.search("q", rho=0.5).ids == ["d1", "d2"]  # a finite value still goes out
+
+    async def go():
+        async with AsyncClient(gw.url, collection="c") as c:
+            await c.search("q", rho=float("nan"))
+
+    with pytest.raises(ClientError, match="'rho'"):
+        asyncio.run(go())
+    assert gw.paths() == ["/v1/collections/c/search"]
 
 
 # ------------------------------------------------------------------------------------------ batch, collections
