@@ -12,7 +12,8 @@ Every call raises :class:`~adawidth_client.errors.ApiError` (status, ``code``, m
 answer, after the retries of its :class:`~adawidth_client.retry.RetryPolicy` for 429 and 503,
 :class:`~adawidth_client.errors.TransportError` when no answer came, and
 :class:`~adawidth_client.errors.ClientError` naming the field, before sending, for a request that JSON cannot
-carry (a NaN or infinite number, e.g. ``rho=float("nan")``).  Sleeping and the clock are injectable
+carry (a NaN or infinite number, e.g. ``rho=float("nan")``).  numpy numbers and arrays are sent as JSON numbers
+and lists (``k=numpy.int64(10)``).  Sleeping and the clock are injectable
 (``sleep``, ``clock``), so tests measure the waits without waiting.
 """
 
@@ -35,6 +36,18 @@ from adawidth_client.models import (BatchItemError, CollectionInfo, ReloadResult
 from adawidth_client.retry import RetryPolicy
 
 DEFAULT_TIMEOUT_S = 10.0
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every numpy scalar or array (anything with ``tolist()``, e.g. ``numpy.float32(0.5)``,
+    ``numpy.int64(10)``, an embedding) turned into Python numbers and lists, which JSON carries; the rest as is."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if not isinstance(value, (str, bytes, int, float, bool)) and value is not None and hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    return value
 
 
 def _check_finite(value: Any, where: str) -> None:
@@ -64,6 +77,7 @@ class _Call:
     timeout_s: float | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "json", _plain(self.json))  # httpx's json.dumps cannot encode numpy values
         _check_finite(self.json, "")  # httpx's json.dumps(allow_nan=False) would raise a bare ValueError
 
 

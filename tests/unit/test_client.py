@@ -15,6 +15,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from adawidth_client import (ApiError, AsyncClient, BatchItemError, Client, ClientError, ErrorDetail, NotReadyError,
@@ -231,6 +232,11 @@ def test_a_field_json_cannot_carry_raises_a_client_error_naming_it_and_sends_not
         with pytest.raises(ClientError, match=re.escape("'queries[1].recall_target'")):
             c.search_batch(["a", {"query": "b", "recall_target": float("nan")}])
         assert c.search("q", rho=0.5).ids == ["d1", "d2"]  # a finite value still goes out
+        with pytest.raises(ClientError, match=re.escape("'rho'")):
+            c.search("q", policy="router", rho=np.float32("nan"))  # a numpy NaN too
+        assert c.search("q", k=np.int64(3), rho=np.float32(0.5)).ids == ["d1", "d2"]  # numpy numbers go out
+        body = gw.requests[-1][3]
+        assert body["k"] == 3 and body["rho"] == 0.5
 
     async def go():
         async with AsyncClient(gw.url, collection="c") as c:
@@ -238,7 +244,7 @@ def test_a_field_json_cannot_carry_raises_a_client_error_naming_it_and_sends_not
 
     with pytest.raises(ClientError, match="'rho'"):
         asyncio.run(go())
-    assert gw.paths() == ["/v1/collections/c/search"]
+    assert gw.paths() == ["/v1/collections/c/search"] * 2  # the two finite searches only
 
 
 # ------------------------------------------------------------------------------------------ batch, collections
