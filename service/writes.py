@@ -302,7 +302,8 @@ class LogFollower(_LogThread):
 
 class LogTakeover(_LogThread):
     """The standby writer of one collection's file log: a daemon thread that, while another process (the writer)
-    holds the log's lock, tries to open it every ``wal_takeover_interval_s`` seconds, and once the writer is gone
+    holds the log's lock (or while the collection has no version yet: then it takes no lock), tries to open it
+    every ``wal_takeover_interval_s`` seconds, and once the writer is gone (or a version is built)
     opens it, replays it after the live version's folded sequence number (the writes this replica did not see)
     and serves its writes from then on (:meth:`LiveDocuments._open_one`); ``/readyz`` then turns ``ready``.
 
@@ -320,6 +321,8 @@ class LogTakeover(_LogThread):
     def _run(self) -> None:
         logged = False
         while not self._stop.wait(self.interval_s):
+            if not _has_versions(self.versions, self.name):  # no version of the collection yet: take no lock
+                continue
             try:
                 live = self.docs._open_one(self.name, self.versions)
             except WalLocked:  # the writer still holds it
@@ -404,25 +407,30 @@ class LiveDocuments:
             if name in self.live or name in self.followers:  # opened already (a second load of the same state)
                 continue
             live = None
-            if self.backend == "file" and versions.live is None and not store.list_versions(
-                    Path(versions.index_root) / name):
+            if self.backend == "file" and not _has_versions(versions, name):
                 # no such collection in the home (ADAWIDTH_COLLECTION=nope): opening its log would create
-                # <index_root>/<name>/wal/LOCK and hold the writer lock of a collection this gateway cannot serve
+                # <index_root>/<name>/wal/LOCK and hold the writer lock of a collection this gateway cannot serve;
+                # the takeover opens it once a version of it is built
                 self.errors[name] = f"NoCollection: no version of {name!r} under {versions.index_root}"
                 log.error("writes of %s unavailable: %s", name, self.errors[name])
+                self._take_over_later(name, versions)
                 continue
             try:
                 live = self._open_one(name, versions)
             except (WalError, OSError, DegenerateDocument) as e:
                 self.errors[name] = f"{type(e).__name__}: {e}"
                 log.error("writes of %s unavailable: %s", name, self.errors[name])
-                interval = self.state.settings.wal_takeover_interval_s
-                if isinstance(e, WalLocked) and interval > 0 and name not in self.takeovers:
-                    self.takeovers[name] = LogTakeover(self, name, versions, interval).start()
+                if isinstance(e, WalLocked):
+                    self._take_over_later(name, versions)
                 if self.backend != "redis" or not isinstance(e, WalUnavailable):
                     continue
             if self.backend == "redis":
                 self.followers[name] = LogFollower(self, name, versions, live).start()
+
+    def _take_over_later(self, name: str, versions) -> None:
+        interval = self.state.settings.wal_takeover_interval_s
+        if interval > 0 and name not in self.takeovers:
+            self.takeovers[name] = LogTakeover(self, name, versions, interval).start()
 
     def _open_one(self, name: str, versions) -> LiveCollection:
         """Open ``name``'s log, replay it after the live version's folded seq, hook the cutover callbacks."""
@@ -516,6 +524,11 @@ class LiveDocuments:
         """The last error of ``name``'s log follower (Redis), None while it follows."""
         follower = self.followers.get(name)
         return follower.error if follower is not None else None
+
+
+def _has_versions(versions, name: str) -> bool:
+    """Whether collection ``name`` has a live version here or any version built under its index root."""
+    return versions.live is not None or bool(store.list_versions(Path(versions.index_root) / name))
 
 
 def _last_folded(index_root: Path, name: str) -> int:

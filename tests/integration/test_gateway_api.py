@@ -1,7 +1,10 @@
 """The HTTP contract of POST /v1/search on a real SciFact index: answers, traces, and a 4xx for bad input."""
 
+import fcntl
 import json
+import os
 import shutil
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -179,12 +182,24 @@ def test_a_gateway_of_a_missing_collection_takes_no_write_ahead_log_lock(tmp_pat
     """ADAWIDTH_COLLECTION=nope (no such collection in the home): the gateway stays unready and neither creates nor
     holds ``<index_root>/nope/wal/LOCK``, while running or after it stops (a gateway of that collection, once
     built, would otherwise find its log locked)."""
-    app = create_app(GatewaySettings(home=tmp_path, collection="nope", encoder_dir=encoder_dir, redis_url=None),
-                     CollectorRegistry())
+    app = create_app(GatewaySettings(home=tmp_path, collection="nope", encoder_dir=encoder_dir, redis_url=None,
+                                     wal_takeover_interval_s=0.05), CollectorRegistry())
     wal = tmp_path / "indexes" / "nope" / "wal"
     with TestClient(app) as client:
         r = client.get("/readyz")
         assert r.status_code == 503 and "no live version" in r.json()["reason"]
+        time.sleep(0.5)                              # ten of the takeover's tries: none takes the lock
         assert not wal.exists()
         assert "NoCollection" in app.state.gw.live_docs.closed_reason("nope")  # its writes are refused
-    assert not wal.exists() and not list(tmp_path.rglob("LOCK"))
+        # once a version of the collection is built, the takeover opens its log
+        (tmp_path / "indexes" / "nope" / "v1").mkdir(parents=True)
+        (tmp_path / "indexes" / "nope" / "v1" / "manifest.json").write_text("{}")
+        deadline = time.monotonic() + 10
+        while app.state.gw.live_docs.closed_reason("nope") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.gw.live_docs.closed_reason("nope") is None and (wal / "LOCK").exists()
+    fd = os.open(wal / "LOCK", os.O_RDWR)            # given back when the gateway stopped
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
