@@ -12,7 +12,7 @@ Every call raises :class:`~adawidth_client.errors.ApiError` (status, ``code``, m
 answer, after the retries of its :class:`~adawidth_client.retry.RetryPolicy` for 429 and 503,
 :class:`~adawidth_client.errors.TransportError` when no answer came, and
 :class:`~adawidth_client.errors.ClientError` naming the field, before sending, for a request that JSON cannot
-carry (a NaN or infinite number, e.g. ``rho=float("nan")``).  numpy numbers and arrays are sent as JSON numbers
+carry (a NaN or infinite number, e.g. ``rho=float("nan")``, bytes, a lone surrogate).  numpy numbers and arrays are sent as JSON numbers
 and lists (``k=numpy.int64(10)``).  Sleeping and the clock are injectable
 (``sleep``, ``clock``), so tests measure the waits without waiting.
 """
@@ -51,7 +51,8 @@ def _plain(value: Any) -> Any:
 
 
 def _check_finite(value: Any, where: str) -> None:
-    """Refuse a float that JSON cannot carry (NaN, +-Infinity) anywhere in a request body.
+    """Refuse what a JSON body cannot carry anywhere in a request body: a NaN or infinite float, bytes, a string
+    with a lone UTF-16 surrogate (``"\\ud800"``, which UTF-8 cannot encode).
 
     Raises:
         ClientError: naming the field (``rho``, ``queries[1].alpha``) and the value; nothing is sent.
@@ -59,6 +60,11 @@ def _check_finite(value: Any, where: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ClientError(f"field {where or '(body)'!r} is {value!r}: JSON has no NaN or infinity; "
                           "send a finite number")
+    if isinstance(value, (bytes, bytearray)):
+        raise ClientError(f"field {where or '(body)'!r} is bytes: send str (decode it first)")
+    if isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        raise ClientError(f"field {where or '(body)'!r} holds a lone UTF-16 surrogate, which UTF-8 cannot "
+                          "carry: fix the text's decoding")
     if isinstance(value, dict):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}" if where else str(key))

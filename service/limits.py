@@ -104,7 +104,8 @@ class SearchLimiter:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout=max(deadline - time.monotonic(), 0.0))
         except (asyncio.TimeoutError, DeadlineExceeded):
-            raise ApiError("deadline_exceeded", "the search did not finish before its deadline") from None
+            raise ApiError("deadline_exceeded", "the search did not finish before its deadline",
+                           headers={"Retry-After": str(self.retry_after_s)}) from None
 
     def _finished(self, future: asyncio.Future) -> None:
         self.admitted -= 1

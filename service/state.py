@@ -296,18 +296,19 @@ class GatewayState:
         # worker, so that neither pool waits on the other's work
         explicit = any(p.tier in RERANK_TIERS for p in plans)
 
+        def finish(p, dl):
+            if p.tier in RERANK_TIERS:  # a rerank takes seconds: a batch stops between them at its deadline
+                check_deadline(dl)
+            return pipeline.finish(p)
+
         def start(dl):
             allowed = delta.allowed(version) if delta is not None else None  # deletes and overrides
             pending = pipeline.start(plans, version, check=lambda: check_deadline(dl), allowed=allowed)
             # finished here, on this worker: everything on a rerank worker, else what needs no reranking
-            return pending, [None if p.tier in RERANK_TIERS and not explicit else pipeline.finish(p)
-                             for p in pending]
+            return pending, [None if p.tier in RERANK_TIERS and not explicit else finish(p, dl) for p in pending]
 
         def rerank(todo):
-            def work(dl):
-                check_deadline(dl)
-                return [pipeline.finish(p) for p in todo]
-            return work
+            return lambda dl: [finish(p, dl) for p in todo]
 
         try:
             pending, results = await (self.rerank_limiter if explicit else self.limiter).run(start, deadline)

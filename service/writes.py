@@ -22,7 +22,6 @@ docs/LIVE_DOCUMENTS.md.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 import random
@@ -104,17 +103,26 @@ def check_id(value, field: str, *, new: bool = False) -> str:
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def _scalar_ok(v) -> bool:
-    if isinstance(v, bool) or isinstance(v, str):
+# a document field is what a search filter can match (engine.plan.Filter; adawidth.hybrid.keyword_values): a
+# name of 1..64 characters, a keyword (a string of at most 256 characters, an integer or a bool) or a list of them
+MAX_FIELD_NAME = 64
+MAX_FIELD_STRING = 256
+RESERVED_FIELDS = frozenset({"_id", "title", "text"})  # a BEIR corpus record's own keys
+
+
+def _keyword_ok(v) -> bool:
+    if isinstance(v, bool):
         return True
-    if isinstance(v, int):
-        return abs(v) < 10 ** 18
-    return isinstance(v, float) and math.isfinite(v)
+    if isinstance(v, str):
+        return len(v) <= MAX_FIELD_STRING
+    return isinstance(v, int) and abs(v) < 10 ** 18
 
 
 def check_fields(value, field: str) -> dict:
-    """A document's ``fields``: an object of string keys whose values are a string, a finite number, a bool, or a
-    list of those (``null`` or absent: no fields).
+    """A document's ``fields``: an object whose names (1..64 characters, not ``_id``, ``title`` or ``text``) map to
+    keywords a search filter can match, a string of at most 256 characters, an integer or a bool, or a list of
+    those (``null`` or absent: no fields).  Anything else would be written, then dropped by the fold's field
+    index, so it is refused.
 
     Raises:
         ApiError: ``invalid_field_value`` or ``invalid_unicode`` (422).
@@ -124,14 +132,23 @@ def check_fields(value, field: str) -> dict:
     if not isinstance(value, dict):
         raise ApiError("invalid_field_value", "fields must be an object", field)
     for key, v in value.items():
-        where = f"{field}.{key}"
+        where = f"{field}.{key[:MAX_FIELD_NAME]}"
         if not key or is_blank(key):
             raise ApiError("invalid_field_value", "a field name must have a visible character", field)
+        if len(key) > MAX_FIELD_NAME:
+            raise ApiError("invalid_field_value", f"a field name has at most {MAX_FIELD_NAME} characters (a "
+                                                  "filter's limit)", where)
+        if key in RESERVED_FIELDS:
+            raise ApiError("invalid_field_value", f"{key!r} is a document's own key, not a field name "
+                                                  "(use the document's 'title' and 'text')", where)
+        if has_lone_surrogate(key):
+            raise ApiError("invalid_unicode", "a field name contains a lone UTF-16 surrogate", field)
         items = v if isinstance(v, list) else [v]
         for item in items:
-            if not _scalar_ok(item):
-                raise ApiError("invalid_field_value", "a field value must be a string, a finite number, a bool "
-                                                      "or a list of those", where)
+            if not _keyword_ok(item):
+                raise ApiError("invalid_field_value", "a field value must be a keyword a filter can match: a "
+                                                      f"string of at most {MAX_FIELD_STRING} characters, an "
+                                                      "integer or a bool, or a list of those (no fractions)", where)
             if isinstance(item, str) and has_lone_surrogate(item):
                 raise ApiError("invalid_unicode", "a field value contains a lone UTF-16 surrogate", where)
     return dict(value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -243,3 +244,32 @@ def test_auto_reranks_on_a_rerank_worker_and_falls_back_to_mips_when_they_are_ta
         assert tr["tier_fallback_because"] is None
         assert len(gated.threads) == 1                      # the fallback reranked nothing
         assert "adawidth_tier_fallbacks_total 1.0" in c.get("/metrics").text
+
+
+def test_a_rerank_batch_stops_at_its_deadline_and_frees_the_rerank_worker(tiers_home):
+    """A batch of MaxSim items past its deadline gets 503 deadline_exceeded (with Retry-After) and stops between
+    its reranks, so the rerank worker is free for the next request at once, not after the batch's remaining
+    reranks (each held 0.3 s here)."""
+    with _client(tiers_home, search_deadline_s=1.0, max_concurrent_reranks=1, max_queued_reranks=1) as c:
+        gw = c.app.state.gw
+        slow = gw.maxsim = _GatedScorer(gw.maxsim)
+        slow.gate.set()
+
+        def fake(text, version, rows, texts):  # a rerank of 0.3 s (scores: the rows' order kept)
+            slow.threads.append(threading.current_thread().name)
+            time.sleep(0.3)
+            return [-float(i) for i in range(len(rows))]
+
+        slow.score = fake
+        r = c.post("/v1/search/batch", json={"queries": [{"query": q, "tier": "maxsim", "k": 5}
+                                                         for q in QUERIES * 4]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+        assert r.headers["Retry-After"] == "1"
+        time.sleep(0.4)                                # the rerank under way when the deadline passed ends
+        n = len(slow.threads)
+        assert n < len(QUERIES) * 4 // 2, n            # it stopped between reranks, far short of all 24
+        r = c.post("/v1/search", json={"query": QUERIES[0], "tier": "maxsim", "k": 5})
+        # within its own 1 s deadline: the worker is not busy with the batch's remaining ~19 reranks (~6 s)
+        assert r.status_code == 200 and r.json()["trace"]["tier"] == "maxsim", r.text
+        time.sleep(0.5)
+        assert len(slow.threads) == n + 1              # nothing of the batch ran after it was answered

@@ -247,6 +247,13 @@ BAD = [
     ([{"id": "a1", "text": "ok", "fields": {"f": [1, [2]]}}], 422, "invalid_field_value"),
     ([{"id": "a1", "text": "ok", "fields": {"f": None}}], 422, "invalid_field_value"),
     ([{"id": "a1", "text": "ok", "fields": ["x"]}], 422, "invalid_field_value"),
+    # what a filter could never match would be written, then dropped by the fold's field index
+    ([{"id": "a1", "text": "ok", "fields": {"year": 1.5}}], 422, "invalid_field_value"),
+    ([{"id": "a1", "text": "ok", "fields": {"year": [2021, 2.0]}}], 422, "invalid_field_value"),
+    ([{"id": "a1", "text": "ok", "fields": {"tag": "x" * 257}}], 422, "invalid_field_value"),
+    ([{"id": "a1", "text": "ok", "fields": {"n" * 65: "x"}}], 422, "invalid_field_value"),
+    ([{"id": "a1", "text": "ok", "fields": {"title": "shadow"}}], 422, "invalid_field_value"),
+    ([{"id": "a1", "text": "ok", "fields": {"_id": "zzz"}}], 422, "invalid_field_value"),
     ([{"id": "a1", "text": "   ", "title": "\t\n"}], 422, "empty_document"),
     ([{"id": "a1", "text": ""}], 422, "empty_document"),
     ([{"id": "a1", "text": "\u200b\u3000"}], 422, "empty_document"),

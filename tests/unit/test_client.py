@@ -229,6 +229,10 @@ def test_a_field_json_cannot_carry_raises_a_client_error_naming_it_and_sends_not
             with pytest.raises(ClientError, match=re.escape(repr(name))) as e:
                 c.search("q", policy="router", **fields)
             assert not isinstance(e.value, ApiError)
+        with pytest.raises(ClientError, match="surrogate"):
+            c.search("\ud800 broken")                  # UTF-8 cannot carry it: no UnicodeEncodeError
+        with pytest.raises(ClientError, match="bytes"):
+            c.search(b"vitamin")                       # no TypeError from json
         with pytest.raises(ClientError, match=re.escape("'queries[1].recall_target'")):
             c.search_batch(["a", {"query": "b", "recall_target": float("nan")}])
         assert c.search("q", rho=0.5).ids == ["d1", "d2"]  # a finite value still goes out
