@@ -37,6 +37,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from engine.encoder import encoder_fingerprint
 from engine.io.beir import Document, load_corpus
 from engine.live import encoder_text, manifest_folded_seq
@@ -212,6 +214,65 @@ def seed_logged_embeddings(records: list[dict], encoder, cache_path: Path | str)
     return len(items)
 
 
+BASE_CHECK_SAMPLE = 8        # base documents re-encoded to check the vectors rebuilt from a version
+BASE_CHECK_MIN_COSINE = 0.9999
+
+
+def seed_base_embeddings(base_dir: Path, m: Manifest, documents: list[Document], encoder, cache_path: Path | str,
+                         *, sample: int = BASE_CHECK_SAMPLE, seed: int = 0) -> int:
+    """Put the base version's document vectors into the embedding cache at ``cache_path`` when the cache lacks
+    them (a trainer on another machine or volume than the build's, or a cache deleted since), so a fold encodes
+    only new texts whatever the cache holds.
+
+    The version stores each document rotated (``docs.npy`` row ``R d``, ``R`` orthogonal): ``d = R^T (R d)``, i.e.
+    ``X = docs @ R``.  The rebuilt vectors are checked first: ``sample`` documents (seeded) are re-encoded with
+    ``encoder``, and every cosine with its rebuilt vector must be at least 0.9999 (the shipped embeddings' rule,
+    :mod:`trainer.shipped_embeddings`); otherwise (another encoder, a rotation that is not orthogonal) nothing is
+    seeded and the build encodes as before.  A vector the cache holds is never replaced.
+
+    Args:
+        base_dir: the base (live) version's directory; ``m`` its manifest.
+        documents: :func:`base_documents` of it (row order).
+        encoder: the trainer's encoder.
+
+    Returns:
+        Documents whose rebuilt vector went into the cache (0: the cache held them all, or the check failed).
+    """
+    fp = encoder_fingerprint(encoder)
+    keys = [content_key(d.encoder_text(), fp) for d in documents]
+    cache = EmbeddingCache(cache_path, encoder.dimension)
+    try:
+        have = cache.get_many(list(dict.fromkeys(keys)))
+        todo = [i for i, k in enumerate(keys) if k not in have]
+        if not todo:
+            return 0
+        core = files.read_core(base_dir, m)
+        R = np.asarray(core.rotation, np.float64)
+        if len(core.docs) != len(documents) or R.shape != (encoder.dimension, encoder.dimension):
+            return 0
+        rng = np.random.default_rng(seed)
+        check = sorted(rng.choice(todo, size=min(sample, len(todo)), replace=False).tolist())
+        got = np.asarray(encoder.encode([documents[i].encoder_text() for i in check]), np.float64)
+        rebuilt = np.asarray(core.docs[check], np.float64) @ R
+        cos = np.sum(got * rebuilt, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(rebuilt, axis=1))
+        if float(cos.min()) < BASE_CHECK_MIN_COSINE:
+            log.warning("the vectors of %s rebuilt from its documents and rotation do not match this encoder "
+                        "(min cosine %.6f of %d re-encoded): the fold encodes the documents the cache lacks",
+                        base_dir.name, float(cos.min()), len(check))
+            return 0
+        fresh: dict[str, np.ndarray] = {}
+        for start in range(0, len(todo), 65536):
+            rows = todo[start:start + 65536]
+            X = (np.asarray(core.docs[rows], np.float64) @ R).astype(np.float32)
+            fresh.update({keys[i]: x for i, x in zip(rows, X) if keys[i] not in fresh})
+        cache.put_many(fresh)
+        log.info("seeded the embedding cache with %d vectors rebuilt from %s (min cosine %.7f over %d "
+                 "re-encoded)", len(fresh), base_dir.name, float(cos.min()), len(check))
+        return len(todo)
+    finally:
+        cache.close()
+
+
 def fold_collection(settings, encoder, collection: str, *, promote: bool = False,
                     drift_threshold: float = 0.05, actor: str = "trainer fold") -> dict:
     """Fold the pending writes of ``collection`` into a new version (module docstring); returns a report
@@ -228,12 +289,15 @@ def fold_collection(settings, encoder, collection: str, *, promote: bool = False
               "folded_seq": pending.last_seq, "records": len(pending.records)}
     if not pending.records:
         return {**report, "folded": False, "reason": "no writes after the live version's folded sequence number"}
-    documents, changes = apply_writes(base_documents(pending.base_dir, pending.manifest), pending.records)
+    base = base_documents(pending.base_dir, pending.manifest)
+    documents, changes = apply_writes(base, pending.records)
     if not documents:
         raise FoldError(f"folding seq {pending.base_seq + 1}..{pending.last_seq} would leave {collection!r} "
                         "without documents")
     opts = fold_options(pending, collection, documents, drift_threshold)
     report["embeddings_from_log"] = seed_logged_embeddings(pending.records, encoder, settings.embedding_cache)
+    report["embeddings_from_base"] = seed_base_embeddings(pending.base_dir, pending.manifest, base, encoder,
+                                                          settings.embedding_cache)
     log.info("folding %d records (seq %d..%d) onto %s: %s", len(pending.records), pending.base_seq + 1,
              pending.last_seq, pending.base_version, changes)
     path, manifest = build_index(opts, settings, encoder)

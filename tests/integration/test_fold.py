@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from threadpoolctl import threadpool_limits
@@ -198,6 +199,28 @@ def test_a_drift_beyond_the_threshold_refits(pristine_home, tmp_path, claims, en
     m = read_manifest(coll_dir(home) / report["version"])
     assert m.writes.fitting == "refitted" and m.writes.folded_seq == 2 and m.router.pairs and m.recall_policy
     assert not set(gone) & set(json.loads((coll_dir(home) / report["version"] / "doc_ids.json").read_text()))
+
+
+def test_a_fold_without_the_embedding_cache_rebuilds_the_base_vectors_instead_of_encoding_them(
+        pristine_home, tmp_path, claims, encoder, encoder_dir):
+    """A trainer whose embedding cache is empty (another volume, or deleted) folds without encoding the live
+    version's documents again: their vectors are rebuilt from docs.npy and the rotation (checked against 8
+    re-encoded ones) and only the new texts are encoded; the folded version's vectors equal the base's."""
+    home = copy_home(pristine_home, tmp_path / "home")
+    settings = TrainerSettings(home=home, encoder_dir=encoder_dir, redis_url=None,
+                               embedding_cache=tmp_path / "empty-cache" / "embeddings.sqlite").resolved()
+    log = FileWriteLog(coll_dir(home) / "wal")
+    log.append({"op": "upsert", "docs": [{"id": i, "title": "", "text": t, "fields": {}} for i, t in claims[:3]]})
+    log.close()
+    base = coll_dir(home) / store.read_live_pointer(coll_dir(home))
+    n = len(json.loads((base / "doc_ids.json").read_text()))
+    with threadpool_limits(limits=1):
+        report = fold_collection(settings, encoder, "scifact")
+    assert report["folded"] and report["embeddings_from_base"] == n
+    assert report["encoded_now"] == 3              # the three new texts only, not the 5,183 documents
+    new = coll_dir(home) / report["version"]
+    old_docs, new_docs = np.load(base / "docs.npy"), np.load(new / "docs.npy")
+    assert np.allclose(new_docs[:n], old_docs, atol=1e-5)  # the same rotation, the same vectors
 
 
 SCALE_UPSERTS = 10_000   # the issue's must-show scale
