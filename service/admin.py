@@ -45,6 +45,7 @@ from service import examples as ex
 from service.auth import require_admin
 from service.errors import ApiError
 from service.models import error_responses
+from service.parsing import admin_body
 from service.version_manager import VersionRefused
 
 log = logging.getLogger("service.admin")
@@ -99,8 +100,8 @@ def _api(e: RegistryError) -> ApiError:
 
 def build_admin_router(state) -> APIRouter:
     """Routes bound to a :class:`service.app.GatewayState` (its registry, versions, follower and encoder)."""
-    router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)],
-                       responses=error_responses(400, 401, 403))
+    router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin), Depends(admin_body)],
+                       responses=error_responses(400, 401, 403, 413, 415))
     s = state.settings
 
     async def reload_one(name: str) -> dict:

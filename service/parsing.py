@@ -53,8 +53,9 @@ def _without_part(loc) -> tuple:
 def route_validation_error(errors: list[dict]) -> ApiError:
     """The one :class:`ApiError` of FastAPI's validation of a route's declared body (the ``/admin/*`` bodies),
     coded as a search body's failure is: ``missing_field`` / ``unknown_field`` / ``invalid_type`` naming the
-    field (``{}`` to ``POST /admin/publish``: ``missing_field`` ``version``); ``invalid_type`` for a body that
-    is not a JSON object; ``invalid_request`` when FastAPI names no error.
+    field (``{}`` to ``POST /admin/publish``: ``missing_field`` ``version``); ``invalid_json`` (400) for a body
+    that is not JSON; ``invalid_type`` for a body that is not a JSON object; ``invalid_request`` when FastAPI
+    names no error.
 
     Args:
         errors: :meth:`fastapi.exceptions.RequestValidationError.errors`, each ``loc`` led by where the value
@@ -62,6 +63,10 @@ def route_validation_error(errors: list[dict]) -> ApiError:
     """
     if not errors:
         return ApiError("invalid_request", "invalid request")
+    bad = [e for e in errors if e.get("type") == "json_invalid"]
+    if bad:  # as a search body's: 400 invalid_json
+        why = str((bad[0].get("ctx") or {}).get("error") or bad[0].get("msg", ""))
+        return ApiError("invalid_json", f"the body is not valid JSON ({safe_text(why, MAX_ECHO_CHARS)})")
     errors = [{**e, "loc": _without_part(e.get("loc"))} for e in errors]
     if not any(not isinstance(p, int) for p in errors[0]["loc"]):  # the body itself: missing, or not an object
         return ApiError("invalid_type", f"the body must be a JSON object ({errors[0].get('msg', 'invalid value')})")
@@ -135,6 +140,22 @@ async def read_body(request: Request, limit: int, deadline: float | None = None)
     except ClientDisconnect:
         raise ApiError("client_disconnected", "the client closed the connection before its body arrived") from None
     return b"".join(chunks)
+
+
+MAX_ADMIN_BODY_BYTES = 64 * 1024
+"""Largest ``/admin/*`` body (theirs are a few short fields)."""
+
+
+async def admin_body(request: Request) -> None:
+    """The ``/admin/*`` routes' body checks, coded as a search body's: 415 ``unsupported_media_type`` for a
+    declared type other than JSON, 413 ``body_too_large`` for a declared length over
+    :data:`MAX_ADMIN_BODY_BYTES` (before the body is read)."""
+    if request.method != "POST":
+        return
+    check_media_type(request)
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_ADMIN_BODY_BYTES:
+        raise ApiError("body_too_large", f"an admin body holds at most {MAX_ADMIN_BODY_BYTES} bytes")
 
 
 def check_media_type(request: Request) -> None:

@@ -74,6 +74,15 @@ def test_a_bad_admin_body_names_the_field_at_fault(make_gateway):
             assert repr(field) in err["message"] if field else "JSON object" in err["message"]
         r = client.post("/admin/publish", json={}, headers={"authorization": "Bearer wrong"})
         assert r.status_code == 401  # the key is still checked before the body
+        # the body's own faults, coded as a search body's
+        for path, raw, ctype, status, code in [
+                ("/admin/reload", b'{"collection":', "application/json", 400, "invalid_json"),
+                ("/admin/publish", b"not json", "application/json", 400, "invalid_json"),
+                ("/admin/publish", b'{"version": "v1"}', "text/plain", 415, "unsupported_media_type"),
+                ("/admin/publish", b'{"version": "' + b"v" * 70_000 + b'"}', "application/json", 413,
+                 "body_too_large")]:
+            r = client.post(path, content=raw, headers={**ADMIN, "content-type": ctype})
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), (path, r.text[:200])
 
 
 def test_search_key_when_configured(make_gateway):
