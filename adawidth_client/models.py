@@ -260,6 +260,9 @@ class CollectionInfo:
     index_version: str | None = None
     """Live index version (None while none is loaded)."""
     documents: int | None = None
+    """Documents in the live version (without the pending writes)."""
+    pending_writes: dict[str, int] | None = None
+    """Writes not yet folded into the live version: ``{"upserts", "deletes"}`` (None: no write state)."""
     policies: list[str] = field(default_factory=list)
     """Policies of ``width: "auto"`` the live version serves (``recall``, ``router``, ``funnel``)."""
     default_policy: str | None = None

@@ -253,7 +253,8 @@ def create_app(settings: GatewaySettings | None = None, registry: CollectorRegis
         if state.live_docs.pending:  # the write-ahead logs are being replayed
             return JSONResponse({"status": "not_ready", "reason": "replaying the write-ahead logs",
                                  "collections": per}, status_code=503)
-        reg = {k: v for k, v in per[settings.collection].items() if k not in ("index_version", "documents")}
+        reg = {k: v for k, v in per[settings.collection].items()
+               if k not in ("index_version", "documents", "pending_writes")}
         degraded = list(reg["degraded"]) + [f"collection {name!r}: {d}" for name, c in per.items()
                                             if name != settings.collection for d in c["degraded"]]
         wal = {name: state.wal_degraded(name) for name in state.collections}

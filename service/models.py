@@ -224,7 +224,11 @@ class CollectionInfo(BaseModel):
 
     name: str = Field(description="Collection name (the {name} of /v1/collections/{name}/search).")
     index_version: str | None = Field(None, description="Live index version (null while none is loaded).")
-    documents: int | None = Field(None, description="Documents in the live version.")
+    documents: int | None = Field(None, description="Documents in the live version (the pending writes not "
+                                                    "counted: pending_writes).")
+    pending_writes: dict[str, int] | None = Field(
+        None, description="Writes not yet folded into the live version, in this replica's delta segment: "
+                          "{'upserts', 'deletes'} (null when this replica has no write state for the collection).")
     policies: list[str] = Field(default_factory=list, description="Policies of width 'auto' the live version serves (recall, router, "
                                             "funnel); 'exact' (width 'full') and 'fixed' (an integer width) are "
                                             "always served.")
@@ -237,6 +241,7 @@ class CollectionsResponse(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"collections": [
         {"name": "scifact", "index_version": ex.LIVE, "documents": 5183,
+         "pending_writes": {"upserts": 2, "deletes": 0},
          "policies": ["recall", "router"], "default_policy": "recall", "default": True}]}]})
 
     collections: list[CollectionInfo]

@@ -102,6 +102,7 @@ class GatewayState:
         caps = capabilities(live, self.rerankers()) if live is not None else None
         return {"name": name, "index_version": live.version if live is not None else None,
                 "documents": live.size if live is not None else None,
+                "pending_writes": self.pending_writes(name),
                 "policies": sorted(caps.policies) if caps is not None else [],
                 "default_policy": caps.default_policy if caps is not None else None,
                 "default": name == self.settings.collection}
@@ -114,7 +115,15 @@ class GatewayState:
         follower = self.followers.get(name) or self.pinned_leases.get(name)
         reg = follower.status() if follower is not None else {"registry": "pinned", "degraded": []}
         return {"index_version": live.version if live is not None else None,
-                "documents": live.size if live is not None else None, **reg}
+                "documents": live.size if live is not None else None,
+                "pending_writes": self.pending_writes(name), **reg}
+
+    def pending_writes(self, name: str) -> dict | None:
+        """The writes of collection ``name`` not yet folded into its live version, which ``documents`` does not
+        count: ``{"upserts", "deletes"}`` in its delta segment (``GET .../writes`` has the rest), None when
+        this replica has no write state for it."""
+        seg = self.live_docs.segments().get(name)
+        return None if seg is None else {"upserts": seg[0], "deletes": seg[1]}
 
     @property
     def live(self) -> IndexVersion | None:

@@ -372,6 +372,11 @@ def test_a_second_replica_on_the_file_log_is_degraded_refuses_writes_and_takes_o
         assert r.status_code == 202, r.text
         ready = ha.get("/readyz").json()
         assert ready["status"] == "ready", ready["degraded"]
+        # the version's documents, and apart from them the writes not yet folded
+        pending = {"upserts": 1, "deletes": 0}
+        assert ready["collections"]["scifact"]["pending_writes"] == pending
+        assert ha.get("/v1/collections").json()["collections"][0]["pending_writes"] == pending
+        assert hb.get("/readyz").json()["collections"]["scifact"]["pending_writes"] is None  # no write state here
         r = hb.get("/readyz")
         assert r.status_code == 200 and r.json()["status"] == "degraded", r.json()
         reason = [d for d in r.json()["degraded"] if "write-ahead log not open" in d]
@@ -388,6 +393,7 @@ def test_a_second_replica_on_the_file_log_is_degraded_refuses_writes_and_takes_o
             time.sleep(0.2)
         assert ready["status"] == "ready", ready["degraded"]
         assert search(hb, claims[0][1], k=10, width="full")["results"][0]["id"] == "writer-doc"  # replayed
+        assert ready["collections"]["scifact"]["pending_writes"] == pending  # the writer's, replayed
         r = put(hb, [{"id": "second-doc", "text": claims[1][1]}])
         assert r.status_code == 202 and r.json()["seq"] == 2, r.text  # after the writer's seq 1, not reusing it
         assert search(hb, claims[1][1], k=10, width="full")["results"][0]["id"] == "second-doc"
