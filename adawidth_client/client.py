@@ -38,39 +38,30 @@ from adawidth_client.retry import RetryPolicy
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def _plain(value: Any) -> Any:
-    """``value`` with every numpy scalar or array (anything with ``tolist()``, e.g. ``numpy.float32(0.5)``,
-    ``numpy.int64(10)``, an embedding) turned into Python numbers and lists, which JSON carries; the rest as is."""
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if not isinstance(value, (str, bytes, int, float, bool)) and value is not None and hasattr(value, "tolist"):
-        return _plain(value.tolist())
-    return value
-
-
-def _check_finite(value: Any, where: str) -> None:
-    """Refuse what a JSON body cannot carry anywhere in a request body: a NaN or infinite float, bytes, a string
-    with a lone UTF-16 surrogate (``"\\ud800"``, which UTF-8 cannot encode).
+def _json_body(value: Any, where: str = "") -> Any:
+    """``value`` as a JSON body carries it, in one pass: every numpy scalar or array (anything with ``tolist()``,
+    e.g. ``numpy.float32(0.5)``, ``numpy.int64(10)``, an embedding) turned into Python numbers and lists.
 
     Raises:
-        ClientError: naming the field (``rho``, ``queries[1].alpha``) and the value; nothing is sent.
+        ClientError: naming the field (``rho``, ``queries[1].alpha``) that JSON cannot carry: a NaN or infinite
+            number, bytes, a string with a lone UTF-16 surrogate (``"\\ud800"``, which UTF-8 cannot encode);
+            nothing is sent.
     """
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ClientError(f"field {where or '(body)'!r} is {value!r}: JSON has no NaN or infinity; "
-                          "send a finite number")
-    if isinstance(value, (bytes, bytearray)):
-        raise ClientError(f"field {where or '(body)'!r} is bytes: send str (decode it first)")
-    if isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
-        raise ClientError(f"field {where or '(body)'!r} holds a lone UTF-16 surrogate, which UTF-8 cannot "
-                          "carry: fix the text's decoding")
     if isinstance(value, dict):
-        for key, item in value.items():
-            _check_finite(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_finite(item, f"{where}[{i}]")
+        return {key: _json_body(item, f"{where}.{key}" if where else str(key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_body(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if not isinstance(value, (str, bytes, bytearray, int, float)) and value is not None and hasattr(value, "tolist"):
+        return _json_body(value.tolist(), where)
+    shown = repr(where or "(body)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ClientError(f"field {shown} is {value!r}: JSON has no NaN or infinity; send a finite number")
+    if isinstance(value, (bytes, bytearray)):
+        raise ClientError(f"field {shown} is bytes: send str (decode it first)")
+    if isinstance(value, str) and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        raise ClientError(f"field {shown} holds a lone UTF-16 surrogate, which UTF-8 cannot carry: fix the "
+                          "text's decoding")
+    return value
 
 
 @dataclass(frozen=True)
@@ -83,8 +74,8 @@ class _Call:
     timeout_s: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "json", _plain(self.json))  # httpx's json.dumps cannot encode numpy values
-        _check_finite(self.json, "")  # httpx's json.dumps(allow_nan=False) would raise a bare ValueError
+        # httpx's json.dumps would raise a bare TypeError (numpy), ValueError (NaN) or UnicodeEncodeError
+        object.__setattr__(self, "json", _json_body(self.json))
 
 
 class _Base:

@@ -122,7 +122,7 @@ class GatewayState:
         """The writes of collection ``name`` not yet folded into its live version, which ``documents`` does not
         count: ``{"upserts", "deletes"}`` in its delta segment (``GET .../writes`` has the rest), None when
         this replica has no write state for it."""
-        seg = self.live_docs.segments().get(name)
+        seg = self.live_docs.segment(name)
         return None if seg is None else {"upserts": seg[0], "deletes": seg[1]}
 
     @property

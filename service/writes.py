@@ -388,11 +388,15 @@ class LiveDocuments:
     def segments(self) -> dict[str, tuple[int, int, int]]:
         """``{collection: (pending upserts, pending deletes, applied seq)}`` of every open log (in memory, no
         I/O: what the metrics export on a scrape)."""
-        out = {}
-        for name, live in list(self.live.items()):
-            snap = live.snapshot()
-            out[name] = (len(snap.docs), len(snap.deleted), int(live.applied))
-        return out
+        return {name: seg for name in list(self.live) if (seg := self.segment(name)) is not None}
+
+    def segment(self, name: str) -> tuple[int, int, int] | None:
+        """``(pending upserts, pending deletes, applied seq)`` of collection ``name``'s open log, or None."""
+        live = self.live.get(name)
+        if live is None:
+            return None
+        snap = live.snapshot()
+        return len(snap.docs), len(snap.deleted), int(live.applied)
 
     @property
     def backend(self) -> str:
