@@ -22,6 +22,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "query_too_long": 413,
     "blank_query": 422,
     "invalid_unicode": 422,
+    "duplicate_field": 422,
     "k_out_of_range": 422,
     "width_out_of_range": 422,
     "unknown_width": 422,

@@ -173,7 +173,7 @@ def parse_json(raw: bytes, limit: int):
 
     Raises:
         ApiError: ``body_too_large``, ``invalid_utf8``, ``invalid_json``, ``invalid_unicode`` (a lone
-            surrogate in an object key).
+            surrogate in an object key), ``duplicate_field`` (a name twice in one object, at any depth).
     """
     if len(raw) > limit:
         raise ApiError("body_too_large", f"request body exceeds {limit} bytes")
@@ -182,11 +182,27 @@ def parse_json(raw: bytes, limit: int):
     except UnicodeDecodeError:
         raise ApiError("invalid_utf8", "request body is not valid UTF-8") from None
     try:
-        obj = json.loads(text, parse_int=_bounded_int, parse_constant=_CONSTANTS.__getitem__)
+        obj = json.loads(text, parse_int=_bounded_int, parse_constant=_CONSTANTS.__getitem__,
+                         object_pairs_hook=_unique_object)
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         raise ApiError("invalid_json", "request body is not valid JSON") from None
     _check_keys(obj)
     return obj
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; ``duplicate_field`` when a name repeats (RFC 8259 §4 leaves which value
+    counts to the parser: Python keeps the last, others the first, so the request would mean different things)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                clean = not has_lone_surrogate(key)
+                raise ApiError("duplicate_field", f"field {key[:64]!r} appears more than once in one object",
+                               key[:64] if clean else None)
+            seen.add(key)
+    return out
 
 
 def check_keys(obj) -> None:

@@ -88,6 +88,8 @@ def test_k_beyond_shortlist_grows_it(app_client):
     (b'{"query": "caf\xe9"}', 400, "invalid_utf8"),
     (b"[1, 2, 3]", 422, "invalid_type"),
     (b"", 400, "invalid_json"),
+    (b'{"query": "x", "k": 3, "k": 50}', 422, "duplicate_field"),
+    (b'{"query": "x", "filter": {"lang": "en", "lang": "de"}}', 422, "duplicate_field"),
 ])
 def test_bad_input_gets_4xx_with_code(app_client, body, status, code):
     r = post(app_client, body, headers={"content-type": "application/json"})
