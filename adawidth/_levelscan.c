@@ -1851,6 +1851,13 @@ static PyObject *py_set_min_rows_per_thread(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(old);
 }
 
+static PyObject *py_threads_for(PyObject *self, PyObject *args) {
+    int threads;
+    long long rows;
+    if (!PyArg_ParseTuple(args, "iL", &threads, &rows)) return NULL;
+    return PyLong_FromLong(clamp_threads(threads, rows < 0 ? 0 : (int64_t)rows));
+}
+
 static PyMethodDef methods[] = {
     {"scan_first", py_scan_first, METH_VARARGS, "Level 0 over every candidate, fused top-n_seed, the seeds' exact scores."},
     {"scan_rest", py_scan_rest, METH_VARARGS, "Levels 1..L-1 with pruning and a fused top-k."},
@@ -1861,6 +1868,8 @@ static PyMethodDef methods[] = {
     {"bound_coefficients", py_bound_coefficients, METH_VARARGS, "The pruning bound's coefficients at each boundary."},
     {"isa", py_isa, METH_NOARGS, "The SIMD variant in use: avx512, avx2 or generic."},
     {"set_isa", py_set_isa, METH_VARARGS, "Select a SIMD variant (auto, generic, avx2, avx512); the best available below it is used."},
+    {"threads_for", py_threads_for, METH_VARARGS,
+     "The threads a scan of `rows` rows given `threads` actually uses (one per min_rows_per_thread rows at most)."},
     {"set_min_rows_per_thread", py_set_min_rows_per_thread, METH_VARARGS,
      "Set the rows per kernel thread below which fewer threads are used (default 32768); returns the old value."},
     {NULL, NULL, 0, NULL},

@@ -586,6 +586,16 @@ class LevelResult:
 # ------------------------------------------------------------------------------------------------ search
 
 
+def kernel_threads(threads: int, rows: int) -> int:
+    """The threads the compiled scan of ``rows`` candidate rows actually runs on when given ``threads``: between
+    1 and ``threads``, at most one per 32,768 rows (``_kernel.set_min_rows_per_thread`` changes that, for tests).
+    The recall a confidence z realises depends on it: the shared threshold is the best of the threads' own k-th
+    scores (each over its block and the seeds), never above the one thread's k-th score over all it has scanned, so
+    more threads prune less and realise more recall at the same z (``bench/recall_margin.py --threads``).  A
+    recall policy is therefore calibrated per thread count (:meth:`engine.recall.RecallPolicy.at_threads`)."""
+    return int(_kernel.threads_for(int(threads), int(rows)))
+
+
 def default_seeds(k: int) -> int:
     """Documents scored exactly after the first level(s) to seed the threshold: ``max(2 k, 16)``.
 

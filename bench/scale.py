@@ -97,7 +97,8 @@ from engine.plan import SearchSpec  # noqa: E402
 from engine.recall import RecallPolicy  # noqa: E402
 from engine.stage1 import AnnStage1  # noqa: E402
 from trainer.build import time_backends  # noqa: E402
-from trainer.recall_fit import calibration_report, fit_effort_models, fit_recall_policy, recall_table  # noqa: E402
+from trainer.recall_fit import (calibration_report, fit_effort_models, fit_recall_policy, recall_table,  # noqa: E402
+                                thread_calibration, thread_counts)
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10
@@ -323,8 +324,10 @@ def our_methods(X_rot: np.ndarray, R: np.ndarray, E: dict, Q_rot_train: np.ndarr
     t = time.perf_counter()
     table = recall_table(store, Q_rot_train, k=K, bound="data_aware_doc")
     booster, oof = fit_recall_policy(table)
+    # calibrated at each thread count the rows run at too (trainer.build does the same for a version)
+    by_threads = thread_calibration([(store, Q_rot_train)], thread_counts(store.N, 2), k=K)
     policy = RecallPolicy(booster, table.feature_names, table.z_grid, "data_aware_doc", oof, table.recall,
-                          table.coordinates, k=K)
+                          table.coordinates, k=K, calibration_by_threads=by_threads)
     fit_s = time.perf_counter() - t
     report = calibration_report(table, oof, TARGETS)
     version = IndexVersion.in_memory(X_rot, R, doc_ids, levels=store, recall_policy=policy)
@@ -872,8 +875,9 @@ def main(argv=None) -> int:
     out["runs"] = {c: r for c, r in old.get("runs", {}).items()}
     for c in out["corpora"]:
         out["runs"].setdefault(c, {"command": old.get("command"), "machine": old.get("machine")})
-    in_report = (lambda r: r.get("family") == "ann") if args.methods == "ann" else (
-        (lambda r: True) if args.methods == "all" else (lambda r: r.get("family") != "ann"))
+    # the report and table hold every row summary.json keeps (an ANN-only run: the ANN rows, in report_ann.json);
+    # a base run used to drop the ANN rows of every corpus from them
+    in_report = (lambda r: r.get("family") == "ann") if args.methods == "ann" else (lambda r: True)
     for name in args.corpora:
         if name == "scifact":
             data = scifact

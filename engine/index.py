@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from adawidth.blocked import BlockedCorpus
-from adawidth.levels import legacy_seeds
+from adawidth.levels import kernel_threads, legacy_seeds
 from adawidth.router import FEATURE_NAMES, threshold_for_rate
 from engine.lexical import LexicalIndex
 from engine.recall import RecallPolicy
@@ -136,7 +136,9 @@ class IndexVersion:
         levels, float16, documents, total; :func:`engine.ann.bytes_per_document`), an ANN's tuned effort per
         target, whether its per-query effort model serves the target and at which probe effort (None: it does
         not), what its index holds (``index_space``: :data:`engine.ann.INDEX_SPACES`), and the build's reason for the backend (``--ann auto``: the timings of the backends it measured), for
-        ``/readyz``."""
+        ``/readyz``; with a level store also ``level_threads`` (the kernel threads one query's scan runs on) and
+        ``recall_calibration_threads`` (the thread count whose recall calibration serves there,
+        :meth:`engine.recall.RecallPolicy.at_threads`)."""
         N, D = max(self.size, 1), self.dimension
         b = getattr(self.manifest, "backend", None)
         why = {"chosen_because": b.reason if b is not None else None}
@@ -152,7 +154,13 @@ class IndexVersion:
         lv = self.levels
         per = ann_lib.bytes_per_document("flat", N, D, level_bytes_per_document=lv.nbytes / N if lv is not None else 0.0,
                                          fp16_width=lv.layout.fp16_width if lv is not None else 0)
-        return {"backend": self.stage1_backend, "bytes_per_document": per, **why}
+        out = {"backend": self.stage1_backend, "bytes_per_document": per, **why}
+        if lv is not None:  # the threads one query's level scan runs on, and the recall calibration served there
+            threads = kernel_threads(self.level_threads, lv.N)
+            out["level_threads"] = threads
+            if self.recall_policy is not None:
+                out["recall_calibration_threads"] = self.recall_policy.at_threads(threads).calibration_threads
+        return out
 
     @property
     def size(self) -> int:
@@ -213,7 +221,8 @@ class IndexVersion:
                                                      rp.calibration_pred, rp.calibration_recall,
                                                      rp.calibration_coordinates, k=s.k, margin_share=s.margin_share,
                                                      margin_rule=s.margin_rule,
-                                                     seeds=s.seeds if s.seeds is not None else legacy_seeds(s.k))
+                                                     seeds=s.seeds if s.seeds is not None else legacy_seeds(s.k),
+                                                     calibration_by_threads=rp.by_threads)
             got = files.read_ann(path, manifest)
             if got is not None:
                 a = manifest.ann

@@ -13,7 +13,7 @@ choices save at least
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +47,11 @@ class RecallPolicy:
         serve: ``"measured"`` (default: per target, the per-query model or the one calibrated z, whichever
             :meth:`serving` measures cheaper), ``"model"`` (always the per-query model) or ``"fixed"`` (always the
             one calibrated z): the last two for comparisons (``bench/scale.py``).
+        calibration_threads: the kernel threads the calibration runs above used (1 in every version's stored
+            policy; a policy from :meth:`at_threads` says which it holds).
+        calibration_by_threads: kernel threads t > 1 -> ((Qc, Z) realised recall@k, (Qc, Z) multiply-adds or
+            None) of the same calibration queries scanned on t threads (:func:`trainer.recall_fit.
+            thread_calibration`); empty for versions built before it was kept, or too small to shard.
     """
 
     booster: object
@@ -61,6 +66,8 @@ class RecallPolicy:
     margin_rule: str = "standard_error"
     seeds: int | None = None
     serve: str = "measured"
+    calibration_threads: int = 1
+    calibration_by_threads: dict = field(default_factory=dict)
     # derived state and caches, never copied by dataclasses.replace (a copy with another ``serve`` decides afresh)
     lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _bars: dict = field(default_factory=dict, init=False, repr=False)
@@ -70,6 +77,7 @@ class RecallPolicy:
     _serving: dict = field(default_factory=dict, init=False, repr=False)
     _goals: dict = field(default_factory=dict, init=False, repr=False)
     _monotone_z: bool = field(default=False, init=False, repr=False)
+    _at_threads: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.serve not in ("measured", "model", "fixed"):
@@ -78,12 +86,45 @@ class RecallPolicy:
             raise ValueError(f"margin_rule must be one of {recall_policy.MARGIN_RULES}, got {self.margin_rule!r}")
         if self.seeds is None:
             self.seeds = levels.default_seeds(self.k)
+        shape = np.shape(self.calibration_pred)
+        for t, (recall, coordinates) in self.calibration_by_threads.items():
+            if int(t) < 2 or np.shape(recall) != shape or (coordinates is not None and np.shape(coordinates) != shape):
+                raise ValueError(f"calibration_by_threads[{t!r}] must hold (Qc, Z) = {shape} arrays at t >= 2")
         # the same model as a compiled forest: serving predicts ten rows a query, where LightGBM's Python
         # call overhead would dominate (adawidth.forest; tests/unit/test_forest.py checks the equality)
         self.forest = Forest.from_dump(self.booster.dump_model())
         self._template = recall_policy.design(np.zeros(len(self.feature_names)), self.z_grid)
         # the model's z is its last column (recall_policy.design): monotone there, choose() bisects the grid
         self._monotone_z = self.forest.increasing_in(len(self.feature_names))
+
+    def at_threads(self, threads: int) -> "RecallPolicy":
+        """This policy calibrated for a level scan on ``threads`` kernel threads (cached; the same model, with the
+        realised recall and work of the calibration queries scanned on that many threads, so the bar, the goal and
+        the one calibrated z meet the target there).
+
+        Args:
+            threads: the threads the kernel actually runs one query on (:func:`adawidth.levels.kernel_threads`).
+
+        Returns:
+            ``self`` for one thread or when nothing is calibrated at more; else a policy over the calibration of
+            the largest calibrated thread count at most ``threads`` (its :attr:`calibration_threads` says which).
+            Serving on more threads than any calibrated keeps realising at least the target: more threads prune
+            less.
+        """
+        have = [t for t in self.calibration_by_threads if t <= threads]
+        if threads <= 1 or not have:
+            return self
+        t = max(have)
+        out = self._at_threads.get(t)
+        if out is None:
+            with self.lock:
+                out = self._at_threads.get(t)
+                if out is None:
+                    recall, coordinates = self.calibration_by_threads[t]
+                    out = replace(self, calibration_recall=recall, calibration_coordinates=coordinates,
+                                  calibration_threads=t, calibration_by_threads={})
+                    self._at_threads[t] = out
+        return out
 
     def reads(self, name: str) -> bool:
         """True when the model's forest splits on evidence feature ``name`` (False for a name it does not have)."""

@@ -76,7 +76,10 @@ class GatewaySettings(BaseSettings):
     encoder_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = ONNX Runtime's default.")
     level_threads: int = Field(0, ge=0, description="Threads of one query's level scan (width 'full', policy "
                                                    "'recall'); 0 = every core. The kernel keeps at least 32,768 "
-                                                   "documents a thread, so small corpora scan on one.")
+                                                   "documents a thread, so small corpora scan on one. A declared "
+                                                   "recall is served from the version's calibration at the largest "
+                                                   "thread count it holds up to this (trainer build "
+                                                   "--calibration-threads).")
     level_scan_min_docs: int = Field(LEVEL_SCAN_MIN_DOCS, ge=0, description="Documents from which width 'full' "
                                      "is served by the certified level scan; smaller versions answer it with one "
                                      "flat scan (the same exact answer, faster there). 0 = always the level scan.")

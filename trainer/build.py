@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field, replace
@@ -93,7 +94,8 @@ from trainer.evaluate import Funnel, QuerySet, exact_rankings, routed_policy_rep
 from trainer.milvus_stage1 import write_for_settings
 from trainer.ray_encode import read_shards
 from trainer.retention import check_build_disk, retention_after_build
-from trainer.recall_fit import calibration_report, concat_tables, fit_effort_models, fit_recall_policy, recall_table
+from trainer.recall_fit import (calibration_report, concat_tables, fit_effort_models, fit_recall_policy, recall_table,
+                                thread_calibration, thread_counts)
 from trainer.router_fit import escalation_gains, fit_router
 from trainer.stage1_policy_fit import PolicyFit, fit_stage1_policy, policy_training_data
 
@@ -136,6 +138,8 @@ class BuildOptions:
     levels: bool = True                    # the level-major corpus of the certified level scan (width 'full', 'recall')
     recall_policy: bool = True             # fit policy 'recall' (the default 'auto'); needs levels
     recall_bound: str = "data_aware_doc"   # the level scan's probabilistic bound of policy 'recall'
+    calibration_threads: int | None = None  # calibrate policy 'recall' at every kernel thread count up to this
+    #                                         (None: the build machine's cores, at most 8; 1: one thread only)
     pseudo_queries: int = 600              # calibration queries drawn from the corpus when there is no train split
     strict: bool = False                   # refuse a corpus with empty documents instead of skipping them (issue 18)
     ann: str = "none"                      # ANN first stage (issue 19): none, auto or a kind of engine.ann.ANN_KINDS
@@ -703,29 +707,30 @@ def _levels_and_recall(ctx: BuildContext) -> None:
         # the base's loaded policy as it is (booster, calibration, compiled forest): nothing is read or compiled
         ctx.recall = {"booster": loaded.booster, "oof": loaded.calibration_pred,
                       "table": _ReusedTable(loaded.calibration_recall, loaded.calibration_coordinates),
-                      "section": section, "loaded": loaded}
+                      "by_threads": loaded.calibration_by_threads, "section": section, "loaded": loaded}
         return
     with ctx.timer("recall policy"):
         if ctx.has_train:
             source = "train" + (" (cross-fitted rotations)" if ctx.parts and len(ctx.parts) > 1 else "")
             parts = ctx.parts if ctx.parts and len(ctx.parts) > 1 else [(np.arange(len(ctx.train.ids)), ctx.R)]
-            tables = []
-            for idx, Rf in parts:
-                store = ctx.levels if Rf is ctx.R else LevelStore.build(np.ascontiguousarray(ctx.X @ Rf.T, np.float32))
-                tables.append(recall_table(store, np.ascontiguousarray(ctx.train.emb[idx] @ Rf.T, np.float32),
-                                           bound=opts.recall_bound))
-            table = concat_tables(tables)
+            runs = [(ctx.levels if Rf is ctx.R else LevelStore.build(np.ascontiguousarray(ctx.X @ Rf.T, np.float32)),
+                     np.ascontiguousarray(ctx.train.emb[idx] @ Rf.T, np.float32)) for idx, Rf in parts]
             pseudo = None
         else:
             pseudo, QP = _pseudo_query_embeddings(ctx)
             source = f"pseudo:{pseudo.record['mode']}"
-            table = recall_table(ctx.levels, np.ascontiguousarray(QP @ ctx.R.T, np.float32), bound=opts.recall_bound)
+            runs = [(ctx.levels, np.ascontiguousarray(QP @ ctx.R.T, np.float32))]
+        table = concat_tables([recall_table(store, Q, bound=opts.recall_bound) for store, Q in runs])
         booster, oof = fit_recall_policy(table, seed=opts.seed)
+        # the same queries scanned on each thread count the gateway may serve with (a sharded scan prunes less)
+        most = opts.calibration_threads if opts.calibration_threads is not None else min(os.cpu_count() or 1, 8)
+        counts = thread_counts(ctx.levels.N, most)
+        by_threads = thread_calibration(runs, counts, bound=opts.recall_bound) if counts else {}
         # training queries: one standard error of the calibration mean as margin; pseudo-queries are not the
         # users' queries: half the miss budget
         margin = ({"margin_rule": "standard_error", "margin_share": 0.25} if pseudo is None
                   else {"margin_rule": "share", "margin_share": 0.5})
-        ctx.recall = {"booster": booster, "oof": oof, "table": table,
+        ctx.recall = {"booster": booster, "oof": oof, "table": table, "by_threads": by_threads,
                       "section": {"feature_names": list(table.feature_names), "z_grid": [float(z) for z in table.z_grid],
                                   "bound": opts.recall_bound, "k": 10, "seeds": default_seeds(10),
                                   **margin, "calibration_source": source,
@@ -786,7 +791,8 @@ def _measure_backends(ctx: BuildContext) -> None:
     policy = r.get("loaded") or RecallPolicy(r["booster"], sec["feature_names"], np.asarray(sec["z_grid"]), sec["bound"],
                                              r["oof"], r["table"].recall, r["table"].coordinates, k=sec["k"],
                                              margin_share=sec["margin_share"],
-                                             margin_rule=sec.get("margin_rule", "share"), seeds=sec.get("seeds"))
+                                             margin_rule=sec.get("margin_rule", "share"), seeds=sec.get("seeds"),
+                                             calibration_by_threads=r.get("by_threads") or {})
     versions = {
         "flat": IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, levels=ctx.levels, recall_policy=policy),
         b.backend: IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, ann=ann_stage(a)),
@@ -836,7 +842,7 @@ def served_version(ctx: BuildContext) -> IndexVersion:
                                   sec["bound"], np.asarray(r["oof"], np.float64), r["table"].recall,
                                   r["table"].coordinates, k=sec["k"], margin_share=sec["margin_share"],
                                   margin_rule=sec.get("margin_rule", "share"),
-                                  seeds=sec.get("seeds"))
+                                  seeds=sec.get("seeds"), calibration_by_threads=r.get("by_threads") or {})
     a = ann_stage(ctx.ann) if ctx.ann is not None else None
     return IndexVersion.in_memory(ctx.X_rot, ctx.R, ctx.doc_ids, m0=opts.m0, shortlist=opts.shortlist,
                                   routers=routers, default_pair=tuple(opts.default_pair) if routers else None,
@@ -1012,7 +1018,8 @@ def _version_files(ctx: BuildContext) -> tuple[str, Files, Manifest]:
     if ctx.recall is not None:
         r = ctx.recall
         recall_writers, recall_section = files.recall_policy_files(r["booster"], r["oof"], r["table"].recall,
-                                                                   r["table"].coordinates, **r["section"])
+                                                                   r["table"].coordinates, r.get("by_threads"),
+                                                                   **r["section"])
         writers.update(recall_writers)
     ann_section = None
     if ctx.ann is not None:

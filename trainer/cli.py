@@ -62,6 +62,17 @@ def _pair(text: str) -> tuple[int, int]:
     return low, high
 
 
+def _threads(text: str) -> int:
+    """argparse type of a thread count: an int in 1..256."""
+    try:
+        n = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"expected 1..256 threads, got {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainer``: parse the command line and run one command; returns the exit status (2: bad input)."""
     parser = argparse.ArgumentParser(prog="trainer", description=__doc__,
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                             stage1_policy=args.stage1_policy, stage1_policy_tau=args.stage1_policy_tau,
                             embeddings=args.embeddings, tiers=args.tiers, cross_encoder=args.cross_encoder,
                             tier_head_queries=args.tier_head_queries, strict=args.strict, ann=args.ann,
+                            calibration_threads=args.calibration_threads,
                             ann_params={k: v for k, v in {"M": args.ann_m, "ef_construction": args.ann_ef_construction,
                                                           "nlist": args.ann_nlist}.items() if v is not None})
         if args.command == "serve":
@@ -280,6 +292,9 @@ def _build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--ann-m", type=int, default=None, help="HNSW neighbours M (default 32)")
     b.add_argument("--ann-ef-construction", type=int, default=None, help="HNSW efConstruction (default 80)")
     b.add_argument("--ann-nlist", type=int, default=None, help="IVF lists (default round(4 sqrt(N)))")
+    b.add_argument("--calibration-threads", type=_threads, default=None,
+                   help="calibrate the declared recall at every level-scan thread count up to this, for the "
+                        "gateway's level_threads (default: this machine's cores, at most 8; 1: one thread)")
 
 
 if __name__ == "__main__":

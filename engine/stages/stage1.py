@@ -154,7 +154,8 @@ def stage1(plan: Plan, version, query: np.ndarray, allowed: np.ndarray | None,
         store = version.levels
         bound, model, z, seeds = "exact", None, None, None
         if plan.policy == "recall":  # the per-query model or the target's one calibrated z, as measured
-            rp = version.recall_policy
+            # calibrated at the threads this scan runs on: more threads realise more recall at one z
+            rp = version.recall_policy.at_threads(levels.kernel_threads(version.level_threads, store.N))
             bound, model, z = rp.serving(float(plan.recall_target), store.layout.L)
             seeds = rp.seeds_for(plan.depth)  # by the rule the policy was calibrated with
             c.trace["effort_per_query"] = model is not None if bound != "exact" else None

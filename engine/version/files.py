@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import faiss
@@ -315,6 +315,7 @@ def read_tier_head(path: Path, m: Manifest) -> np.ndarray | None:
 
 RECALL_POLICY_FILE = "recall_policy.txt"
 RECALL_CALIBRATION_FILE = "recall_calibration.npy"
+RECALL_THREADS_FILE = "recall_calibration_threads.npy"
 
 
 def level_files(store: LevelStore) -> tuple[Files, LevelsSection]:
@@ -345,19 +346,28 @@ def read_levels(path: Path, m: Manifest) -> LevelStore | None:
 
 
 def recall_policy_files(booster: lgb.Booster, calibration_pred: np.ndarray, calibration_recall: np.ndarray,
-                        calibration_coordinates: np.ndarray | None = None, **section) -> tuple[Files, RecallPolicySection]:
+                        calibration_coordinates: np.ndarray | None = None, by_threads: dict | None = None,
+                        **section) -> tuple[Files, RecallPolicySection]:
     """Writers of the recall policy's model and out-of-fold calibration, and its section.
 
     The calibration file holds (2, Q, Z) float64 (predictions, realised recall@k), or (3, Q, Z) with each run's
     multiply-adds as well (what :meth:`engine.recall.RecallPolicy.serving` weighs the per-query model against
-    one calibrated confidence with).
+    one calibrated confidence with).  ``by_threads`` (kernel threads t > 1 -> ((Q, Z) recall, (Q, Z)
+    multiply-adds), :func:`trainer.recall_fit.thread_calibration`) adds a (T, 2, Q, Z) float64 file.
     """
     parts = [calibration_pred, calibration_recall] + ([] if calibration_coordinates is None
                                                       else [calibration_coordinates])
     cal = np.stack([np.asarray(a, np.float64) for a in parts])
+    writers = {RECALL_POLICY_FILE: lambda p: booster.save_model(str(p)), RECALL_CALIBRATION_FILE: _npy_writer(cal)}
+    section = {k: v for k, v in section.items() if k not in ("threads_calibration_file", "calibration_threads")}
+    if by_threads:
+        threads = sorted(int(t) for t in by_threads)
+        writers[RECALL_THREADS_FILE] = _npy_writer(np.stack([np.stack([np.asarray(a, np.float64) for a in by_threads[t]])
+                                                             for t in threads]))
+        section.update(threads_calibration_file=RECALL_THREADS_FILE, calibration_threads=threads)
     sec = RecallPolicySection(file=RECALL_POLICY_FILE, calibration_file=RECALL_CALIBRATION_FILE,
                               calibration_queries=int(cal.shape[1]), **section)
-    return {RECALL_POLICY_FILE: lambda p: booster.save_model(str(p)), RECALL_CALIBRATION_FILE: _npy_writer(cal)}, sec
+    return writers, sec
 
 
 @dataclass(frozen=True)
@@ -370,16 +380,28 @@ class RecallPolicyFile:
     calibration_pred: np.ndarray
     calibration_recall: np.ndarray
     calibration_coordinates: np.ndarray | None = None
+    by_threads: dict = field(default_factory=dict)
 
 
 def read_recall_policy(path: Path, m: Manifest) -> RecallPolicyFile | None:
-    """The version's recall policy, or None when it was built without one.
+    """The version's recall policy, or None when it was built without one.  ``by_threads`` holds kernel threads
+    t -> ((Q, Z) recall, (Q, Z) multiply-adds) of its per-thread calibration (empty without one).
 
     Raises:
         IndexVersionError: ``schema`` when the model's features or the calibration's shape disagree with the
             section.
     """
-    return None if m.recall_policy is None else _policy_file(path, m.recall_policy, (2, 3))
+    if m.recall_policy is None:
+        return None
+    sec = m.recall_policy
+    got = _policy_file(path, sec, (2, 3))
+    if not sec.threads_calibration_file:
+        return got
+    per = np.load(path / sec.threads_calibration_file)
+    if per.shape != (len(sec.calibration_threads), 2, *got.calibration_recall.shape):
+        raise IndexVersionError("schema", f"{sec.threads_calibration_file} has shape {per.shape}, not "
+                                          f"({len(sec.calibration_threads)}, 2, {got.calibration_recall.shape})")
+    return replace(got, by_threads={int(t): (per[i, 0], per[i, 1]) for i, t in enumerate(sec.calibration_threads)})
 
 
 def _policy_file(path: Path, sec, rows: tuple[int, ...]) -> RecallPolicyFile:

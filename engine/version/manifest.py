@@ -18,7 +18,8 @@ section                   files                                  writer / reader
 ``tiers.head``            difficulty_head.npy                    ``tier_head_files`` / ``read_tier_head``
 ``levels``                levels_<array>.npy                     ``level_files`` / ``read_levels``
 ``recall_policy``         recall_policy.txt,                     ``recall_policy_files`` / ``read_recall_policy``
-                          recall_calibration.npy
+                          recall_calibration.npy,
+                          recall_calibration_threads.npy
 ``lexical``               bm25_*.npy / .json, doc_text.json,     :mod:`engine.version.lexical`
                           doc_fields.json
 ``ann``                   ann.faiss                              ``ann_files`` / ``read_ann``
@@ -248,6 +249,14 @@ class RecallPolicySection(_Section):
     seeds: int | None = Field(None, description="Documents exactly scored after the first level to seed the "
                                                 "threshold, as the evidence was computed (null: written before it "
                                                 "was recorded, max(4 k, 32)).")
+    threads_calibration_file: str | None = Field(
+        None, description="(T, 2, Q, Z) float64: the calibration queries' realised recall@k and multiply-adds at each "
+                          "z, scanned on each of calibration_threads kernel threads (a sharded scan prunes less, so "
+                          "z is calibrated per thread count); null: one thread only (a corpus too small to shard, "
+                          "or a version written before 2026-12-07).")
+    calibration_threads: list[int] = Field(default_factory=list,
+                                           description="The kernel thread counts (each > 1) of "
+                                                       "threads_calibration_file, in its order.")
 
 
 class WritesSection(_Section):
@@ -418,6 +427,8 @@ class Manifest(BaseModel):
         if self.recall_policy is not None:
             yield "recall_policy", self.recall_policy.file
             yield "recall_policy", self.recall_policy.calibration_file
+            if self.recall_policy.threads_calibration_file:
+                yield "recall_policy", self.recall_policy.threads_calibration_file
         if self.ann is not None:
             yield "ann", self.ann.file
 

@@ -139,3 +139,28 @@ def test_calibration_goal_rules_and_errors():
         kw = {"target": 0.9, "realised": realised, **bad}
         with pytest.raises(ValueError, match=match):
             recall_policy.calibration_goal(**kw)
+
+
+def test_a_policy_serves_the_calibration_of_its_kernel_threads():
+    base = policy([100, 200, 400])
+    # on two threads the hard queries realise 0.7 / 0.95 / 1.0: the mean curve (0.85, 0.975, 1.0) reaches the goal
+    # 0.925 sooner, so the one z and the bar move; the model and its predictions stay
+    two = np.array([[1.0, 1.0, 1.0], [0.7, 0.95, 1.0]] * 20)
+    work = np.tile([110.0, 210.0, 420.0], (40, 1))
+    p = RecallPolicy(base.booster, NAMES, Z_GRID, "data_aware_doc", base.calibration_pred, base.calibration_recall,
+                     base.calibration_coordinates, margin_rule="share", calibration_by_threads={2: (two, work)})
+    assert p.at_threads(1) is p and p.at_threads(0) is p and p.calibration_threads == 1
+    at2 = p.at_threads(2)
+    assert at2 is p.at_threads(2) is p.at_threads(16)  # cached; more threads than calibrated: the largest below
+    assert at2.calibration_threads == 2 and at2.calibration_recall is two and at2.calibration_coordinates is work
+    assert at2.fixed_z(0.9) == pytest.approx(recall_policy.interpolated_confidence(Z_GRID, two.mean(axis=0), 0.925))
+    assert at2.fixed_z(0.9) < p.fixed_z(0.9)
+    assert at2.calibration_pred is p.calibration_pred and at2.forest.reads(0) == p.forest.reads(0)
+    # a policy without a calibration above one thread serves its own at any thread count
+    assert base.at_threads(4) is base
+    with pytest.raises(ValueError, match="calibration_by_threads"):
+        RecallPolicy(base.booster, NAMES, Z_GRID, "data_aware_doc", base.calibration_pred, base.calibration_recall,
+                     calibration_by_threads={2: (two[:3], None)})
+    with pytest.raises(ValueError, match="calibration_by_threads"):
+        RecallPolicy(base.booster, NAMES, Z_GRID, "data_aware_doc", base.calibration_pred, base.calibration_recall,
+                     calibration_by_threads={1: (two, None)})
