@@ -76,8 +76,9 @@ def capabilities(version, rerankers: dict | None = None) -> Capabilities:
 class Pending:
     """One plan run up to its rerank (:meth:`Pipeline.start`): its candidates, the tier that will serve it
     (``tier_predicted``: an ``auto`` plan's head's prediction, else None), its stage timings in seconds so far,
-    its start (``time.perf_counter()``, seconds), the documents its restriction allows (None: no restriction)
-    and its query embedding ((D,) float32, or None)."""
+    the seconds its own stages took in :meth:`Pipeline.start` (not the other plans' of a batch, nor any wait
+    before :meth:`Pipeline.finish`), the documents its restriction allows (None: no restriction) and its query
+    embedding ((D,) float32, or None)."""
 
     plan: Plan
     version: object
@@ -85,7 +86,7 @@ class Pending:
     tier: str
     predicted: str | None
     timings: dict[str, float]
-    t0: float
+    started_s: float
     allowed_documents: int | None
     embedding: np.ndarray | None
 
@@ -193,7 +194,9 @@ class Pipeline:
         c = rerank(pending.plan, pending.version, c, served, self.rerankers)
         timings["rerank"] = time.perf_counter() - t7
         c.trace.update(tier=served, tier_predicted=pending.predicted)
-        timings["total"] = time.perf_counter() - pending.t0 + timings.get("encode", 0.0)
+        # its own work: the batch's encoding, its stages in start, its rerank (a batch's later plans, and a
+        # wait for a rerank worker, are not its work)
+        timings["total"] = timings.get("encode", 0.0) + pending.started_s + timings["rerank"]
         return render(pending.plan, pending.version, c, allowed_documents=pending.allowed_documents,
                       embedding=pending.embedding if pending.plan.dense else None, timings=timings)
 
@@ -236,5 +239,5 @@ class Pipeline:
             t6 = clock()
             c = fuse(plan, version, embedding, allowed, c, keep)
             timings["fuse"] = clock() - t6
-        return Pending(plan, version, c, tier, predicted, timings, t0,
+        return Pending(plan, version, c, tier, predicted, timings, clock() - t0,
                        None if allowed is None else int(allowed.sum()), embedding)

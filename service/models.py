@@ -103,7 +103,10 @@ class Trace(BaseModel):
                           "predicted tier is not available on this replica, when the nearest cheaper one serves.")
     reranked: int = Field(0, description="Candidates the tier reranked (0 for 'mips').")
     timings_seconds: dict[str, float] = Field(description="Seconds per stage (encode, rotate, stage1, route, "
-                                                          "rescore, fuse, rerank) and total.")
+                                                          "rescore, fuse, rerank) and total: this query's own "
+                                                          "work: the batch's encoding, its stages and its "
+                                                          "rerank (a batch's other items and a wait for a "
+                                                          "rerank worker are not in it).")
     stage1_backend: str | None = Field(None, description="Stage-1 backend of the dense lane: 'levels' (certified "
                                        "level scan), 'flat' (exhaustive scan), an ANN kind (ivf, hnsw, "
                                        "ivf_panorama, hnsw_panorama, hnsw_fp16; issue 19), or faiss / milvus "
