@@ -306,9 +306,11 @@ class FileWriteLog(WriteLog):
         """Truncate ``seg`` to its last whole record (``good_bytes``), keeping the dropped bytes beside it in
         ``<segment>.torn-<good_bytes>`` (never read as a segment) and saying so in the log: a record torn by a
         crash mid-append was never acknowledged, but one corrupted on disk after its fsync reads the same."""
-        data = seg.read_bytes()
+        with open(seg, "rb") as f:  # the torn tail alone (the scan has read the segment once already)
+            f.seek(good_bytes)
+            tail = f.read()
         kept = seg.with_name(f"{seg.name}.torn-{good_bytes}")
-        kept.write_bytes(data[good_bytes:])
+        kept.write_bytes(tail)
         with open(seg, "r+b") as f:
             f.truncate(good_bytes)
             f.flush()
@@ -316,7 +318,7 @@ class FileWriteLog(WriteLog):
         self._fsync_dir()
         log.warning("write-ahead log %s: dropped an unreadable last record after record %d (%d bytes at byte %d "
                     "of %s: a write torn by a crash, never acknowledged, or a record corrupted on disk); its bytes "
-                    "are kept in %s", self.directory, last_good, len(data) - good_bytes, good_bytes, seg.name,
+                    "are kept in %s", self.directory, last_good, len(tail), good_bytes, seg.name,
                     kept.name)
 
     @staticmethod
