@@ -136,7 +136,8 @@ class IndexVersion:
         levels, float16, documents, total; :func:`engine.ann.bytes_per_document`), an ANN's tuned effort per
         target, whether its per-query effort model serves the target and at which probe effort (None: it does
         not), what its index holds (``index_space``: :data:`engine.ann.INDEX_SPACES`), and the build's reason for the backend (``--ann auto``: the timings of the backends it measured), for
-        ``/readyz``; with a level store also ``level_threads`` (the kernel threads one query's scan runs on) and
+        ``/readyz``; with a level store also ``level_threads_configured`` (what the gateway gives the scan),
+        ``level_threads`` (the kernel threads one query's scan runs on: at most one per 32,768 documents) and
         ``recall_calibration_threads`` (the thread count whose recall calibration serves there,
         :meth:`engine.recall.RecallPolicy.at_threads`)."""
         N, D = max(self.size, 1), self.dimension
@@ -157,6 +158,7 @@ class IndexVersion:
         out = {"backend": self.stage1_backend, "bytes_per_document": per, **why}
         if lv is not None:  # the threads one query's level scan runs on, and the recall calibration served there
             threads = kernel_threads(self.level_threads, lv.N)
+            out["level_threads_configured"] = int(self.level_threads)
             out["level_threads"] = threads
             if self.recall_policy is not None:
                 out["recall_calibration_threads"] = self.recall_policy.at_threads(threads).calibration_threads

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = GatewaySettings(**overrides).resolved()
     except ValidationError as e:  # e.g. a placeholder API key outside local mode: refuse to start
         # messages only: pydantic's str(e) repeats the input, which would print the secret
-        reasons = "; ".join(err["msg"] for err in e.errors(include_input=False, include_url=False))
+        reasons = "; ".join((f"{_setting_name(err['loc'])}: " if err.get("loc") else "") + err["msg"]
+                            for err in e.errors(include_input=False, include_url=False))
         print(f"service: refusing to start, invalid settings: {reasons}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -44,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
                 access_log=False)
     return 0
+
+
+def _setting_name(loc) -> str:
+    """A validation error's location as the setting a user sets: ``ADAWIDTH_LEVEL_THREADS (level_threads)``."""
+    field = str(loc[0])
+    return f"ADAWIDTH_{field.upper()} ({'.'.join(str(p) for p in loc)})"
 
 
 if __name__ == "__main__":

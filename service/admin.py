@@ -95,7 +95,9 @@ def _ok(description: str, example: dict) -> dict:
 
 
 def _api(e: RegistryError) -> ApiError:
-    return ApiError(e.code, str(e))
+    """The registry's refusal as the gateway's error (its code already in the body's ``code``: not repeated in the
+    message)."""
+    return ApiError(e.code, getattr(e, "message", str(e)))
 
 
 def build_admin_router(state) -> APIRouter:

@@ -149,13 +149,17 @@ MAX_ADMIN_BODY_BYTES = 64 * 1024
 async def admin_body(request: Request) -> None:
     """The ``/admin/*`` routes' body checks, coded as a search body's: 415 ``unsupported_media_type`` for a
     declared type other than JSON, 413 ``body_too_large`` for a declared length over
-    :data:`MAX_ADMIN_BODY_BYTES` (before the body is read)."""
+    :data:`MAX_ADMIN_BODY_BYTES` (before the body is read), then :func:`parse_json`'s (400 ``invalid_json`` for a
+    byte-order mark, 422 ``duplicate_field``, ``invalid_unicode``, ...) on a body that is not empty."""
     if request.method != "POST":
         return
     check_media_type(request)
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_ADMIN_BODY_BYTES:
         raise ApiError("body_too_large", f"an admin body holds at most {MAX_ADMIN_BODY_BYTES} bytes")
+    raw = await request.body()  # Starlette keeps it: the route's own parsing reads the same bytes
+    if raw.strip():  # the same strict reading as a search body's: a byte-order mark, a repeated field name, ...
+        parse_json(raw, MAX_ADMIN_BODY_BYTES)
 
 
 def check_media_type(request: Request) -> None:

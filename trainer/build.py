@@ -77,6 +77,7 @@ from engine.stage1 import AnnStage1
 from engine.io.beir import (Collection, DatasetFormatError, available_splits, load_collection, load_qrels,
                             load_queries)
 from engine.registry import open_registry
+from engine.registry.state import COLLECTION_NAME
 from engine.scorers import CrossEncoderNotFoundError, CrossEncoderScorer
 from engine.version import files
 from engine.version.files import Files
@@ -196,7 +197,8 @@ def dataset_fingerprint(folder: Path | str) -> str:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"dataset folder {folder} does not exist")
+        raise FileNotFoundError(f"dataset folder {folder} is a file, not a BEIR folder (give the folder that holds "
+                                f"corpus.jsonl)" if folder.is_file() else f"dataset folder {folder} does not exist")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and (
         p.name.startswith(("corpus.jsonl", "queries.jsonl")) or p.parent.name == "qrels"))
     h = hashlib.sha256()
@@ -313,6 +315,18 @@ class BuildContext:
 
 def _check_options(opts: BuildOptions, settings, dimension: int) -> None:
     """Refuse inconsistent options before any work (ValueError), and ``--tiers`` without an export."""
+    name = opts.collection or Path(opts.dataset).name
+    if not COLLECTION_NAME.match(name or ""):  # a name is a folder under the index root: nothing else
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        raise ValueError(f"collection name {shown!r} is not a plain name: letters, digits, '.', '_' and '-', at "
+                         f"most 128 characters, not starting with '.' or '-'"
+                         + ("" if opts.collection else " (the dataset folder's name; give --collection)"))
+    if not 1 <= opts.m0 <= dimension:
+        raise ValueError(f"--m0 must be in [1, {dimension}], got {opts.m0}")
+    if opts.shortlist < 1:
+        raise ValueError(f"--shortlist must be at least 1, got {opts.shortlist}")
+    if opts.calibration_threads is not None and not 1 <= opts.calibration_threads <= 256:
+        raise ValueError(f"--calibration-threads must be in [1, 256], got {opts.calibration_threads}")
     if opts.rotation not in ROTATIONS:
         raise ValueError(f"rotation must be one of {ROTATIONS}, got {opts.rotation!r}")
     for low, high in opts.action_pairs:

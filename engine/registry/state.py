@@ -29,7 +29,7 @@ class RegistryError(RuntimeError):
     """
 
     def __init__(self, code: str, message: str):
-        self.code = code
+        self.code, self.message = code, message
         super().__init__(f"[{code}] {message}")
 
 
@@ -81,7 +81,9 @@ def check_version_name(version: str) -> str:
     """Return ``version`` or raise :class:`RegistryError` (``invalid_version``) for a name that is not a
     plain directory name (letters, digits, ``._-``, at most 128 characters, no leading dot)."""
     if not isinstance(version, str) or not VERSION_NAME.match(version):
-        raise RegistryError("invalid_version", f"{version!r} is not a valid version name")
+        shown = version if not isinstance(version, str) or len(version) <= 64 else version[:64] + "..."
+        raise RegistryError("invalid_version", f"{shown!r} is not a valid version name (letters, digits, '.', '_' "
+                                               "and '-', at most 128 characters, no leading '.' or '-')")
     return version
 
 

@@ -80,9 +80,20 @@ def test_a_bad_admin_body_names_the_field_at_fault(make_gateway):
                 ("/admin/publish", b"not json", "application/json", 400, "invalid_json"),
                 ("/admin/publish", b'{"version": "v1"}', "text/plain", 415, "unsupported_media_type"),
                 ("/admin/publish", b'{"version": "' + b"v" * 70_000 + b'"}', "application/json", 413,
-                 "body_too_large")]:
+                 "body_too_large"),
+                # read as strictly as a search body: a byte-order mark, a field name twice (which value?)
+                ("/admin/publish", b'\xef\xbb\xbf{"version": "v1"}', "application/json", 400, "invalid_json"),
+                ("/admin/reload", b'{"collection": "nope", "collection": "scifact"}', "application/json", 422,
+                 "duplicate_field"),
+                ("/admin/publish", b'{"version": "a", "version": "b"}', "application/json", 422,
+                 "duplicate_field")]:
             r = client.post(path, content=raw, headers={**ADMIN, "content-type": ctype})
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), (path, r.text[:200])
+        # a refused name is echoed shortened, and the code is not repeated in the message
+        r = client.post("/admin/publish", json={"version": "A" * 5000}, headers=ADMIN)
+        err = r.json()["error"]
+        assert (r.status_code, err["code"]) == (422, "invalid_version") and len(err["message"]) < 300, r.text[:300]
+        assert not err["message"].startswith("[")
 
 
 def test_search_key_when_configured(make_gateway):
