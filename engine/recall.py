@@ -111,10 +111,11 @@ class RecallPolicy:
             Serving on more threads than any calibrated keeps realising at least the target: more threads prune
             less.
         """
-        have = [t for t in self.calibration_by_threads if t <= threads]
-        if threads <= 1 or not have:
+        if threads <= 1 or not self.calibration_by_threads:  # the usual case on the query path: nothing to pick
             return self
-        t = max(have)
+        t = max((t for t in self.calibration_by_threads if t <= threads), default=1)
+        if t <= 1:
+            return self
         out = self._at_threads.get(t)
         if out is None:
             with self.lock:
